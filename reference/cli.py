@@ -1,0 +1,98 @@
+"""`meshd`: the spec tools (and, as they land, the reference daemon and broker)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from pathlib import Path
+
+SPEC_TOOLS = {
+    "check": ("spec.tools.check", "validate the whole spec (the CI gate)"),
+    "diff": ("spec.tools.diff", "list breaking changes between two spec trees"),
+    "diagrams": ("spec.tools.diagrams", "render the state tables as Mermaid diagrams"),
+    "model-check": ("spec.tools.model", "explore the formal model exhaustively"),
+    "vectors": ("spec.tools.vectors", "run every test vector against the core"),
+    "conformance-doc": ("spec.tools.conformance_doc", "regenerate CONFORMANCE.md from the registry"),
+    "fingerprint": ("reference.cli", "print the canonical preimage and fingerprint of a send request"),
+}
+
+
+def fingerprint_cli(argv: list[str]) -> int:
+    """`meshd spec fingerprint [FILE] [--idempotency-key K] [--json]`: for SDK authors."""
+    from reference.core import RequestError, canonical_preimage, meta_canonical, parse_send
+
+    parser = argparse.ArgumentParser(
+        prog="meshd spec fingerprint",
+        description="Read a POST /v1/send body (JSON, from FILE or stdin) and print its canonical preimage and "
+        "request fingerprint (§4.4).",
+    )
+    parser.add_argument("file", nargs="?", type=Path, help="the request body; stdin when omitted")
+    parser.add_argument("--idempotency-key", help="the Idempotency-Key header, if the client sends one")
+    parser.add_argument("--json", action="store_true", help="print {meta_canonical, canonical, fingerprint}")
+    args = parser.parse_args(argv)
+    raw = args.file.read_bytes() if args.file else sys.stdin.buffer.read()
+    try:
+        request = parse_send(raw, args.idempotency_key)
+    except RequestError as exc:
+        print(f"invalid request: {exc.code}: {exc.detail}", file=sys.stderr)
+        return 1
+    item = request.fingerprint_input()
+    preimage = canonical_preimage(item)
+    fingerprint = request.fingerprint().hex()
+    if args.json:
+        print(json.dumps({
+            "meta_canonical": meta_canonical(item.meta).decode("utf-8"),
+            "canonical": preimage.hex(),
+            "fingerprint": fingerprint,
+        }))
+        return 0
+    shown = preimage.decode("utf-8", errors="backslashreplace").replace("\x00", "\\x00")
+    print(f"destination     {request.destination_kind}:{request.destination_ref}")
+    print(f"preimage        {shown}")
+    print(f"preimage (hex)  {preimage.hex()}")
+    print(f"fingerprint     {fingerprint}")
+    return 0
+
+
+def spec_main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: meshd spec <tool> [args]\n\ntools:")
+        for name, (_, summary) in SPEC_TOOLS.items():
+            print(f"  {name:<16} {summary}")
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in SPEC_TOOLS:
+        print(f"meshd spec: unknown tool {name!r}; see `meshd spec --help`", file=sys.stderr)
+        return 2
+    if name == "fingerprint":
+        return fingerprint_cli(rest)
+    module = importlib.import_module(SPEC_TOOLS[name][0])
+    return module.cli(rest)
+
+
+COMMANDS = {"spec": (spec_main, "the specification tools: check, diff, diagrams, model-check, vectors, fingerprint")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: meshd <command> [args]\n\ncommands:")
+        for name, (_, summary) in COMMANDS.items():
+            print(f"  {name:<8} {summary}")
+        return 0 if argv else 2
+    if argv[0] == "--version":
+        from spec import SPEC_VERSION
+
+        print(f"meshd (meshspec) {SPEC_VERSION}")
+        return 0
+    handler = COMMANDS.get(argv[0])
+    if handler is None:
+        print(f"meshd: unknown command {argv[0]!r}; see `meshd --help`", file=sys.stderr)
+        return 2
+    return handler[0](argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""The sans-IO protocol core: pure functions over the tables in ``spec/tables``.
+
+No sqlite, falcon, websocket, clock or random-number imports live here: callers pass ``now`` and jitter in, and
+perform the effects the core hands back.
+"""
+
+from ._tables import AmbiguousRow, DecisionTable, NoRow, Row, TableError, UnknownInput
+from .broker_accept import Settled, settle
+from .destination import Destination, DestinationError, parse_destination
+from .features import CloseReason, Negotiation, negotiate
+from .fingerprint import (
+    ENVELOPE_VERSION,
+    FingerprintInput,
+    MetaError,
+    body_hash,
+    canonical_preimage,
+    fingerprint_prefix,
+    meta_canonical,
+    request_fingerprint,
+)
+from .ipc import IpcDecision, decide_send
+from .maxage import MaxAge, MaxAgeError, derive
+from .outbox import (
+    OutboxEvent,
+    OutboxPolicy,
+    OutboxRow,
+    Transition,
+    TransitionError,
+    accepted,
+    apply,
+    backoff_ms,
+    is_expired,
+    new_row,
+)
+from .request import RequestError, SendRequest, is_client_message_id, parse_send, validate_send
+
+__all__ = [
+    "ENVELOPE_VERSION",
+    "AmbiguousRow",
+    "CloseReason",
+    "DecisionTable",
+    "Destination",
+    "DestinationError",
+    "FingerprintInput",
+    "IpcDecision",
+    "MaxAge",
+    "MaxAgeError",
+    "MetaError",
+    "Negotiation",
+    "NoRow",
+    "OutboxEvent",
+    "OutboxPolicy",
+    "OutboxRow",
+    "RequestError",
+    "Row",
+    "SendRequest",
+    "Settled",
+    "TableError",
+    "Transition",
+    "TransitionError",
+    "UnknownInput",
+    "accepted",
+    "apply",
+    "backoff_ms",
+    "body_hash",
+    "canonical_preimage",
+    "decide_send",
+    "derive",
+    "fingerprint_prefix",
+    "is_client_message_id",
+    "is_expired",
+    "meta_canonical",
+    "negotiate",
+    "new_row",
+    "parse_destination",
+    "parse_send",
+    "request_fingerprint",
+    "settle",
+    "validate_send",
+]

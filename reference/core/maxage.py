@@ -1,0 +1,77 @@
+"""Outbox max-age arithmetic (§4.9 with E-05), parameters from spec/tables/max_age.yaml."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from spec import load_table
+
+
+class MaxAgeError(ValueError):
+    """The configuration cannot start: ``code`` is ``outbox_max_age_above_dedupe_window`` or ``invalid_config``."""
+
+    def __init__(self, code: str, detail: str):
+        super().__init__(detail)
+        self.code = code
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class MaxAge:
+    """The derived limit and how it was reached."""
+
+    hours: int
+    mode: str
+    window_hours: int | None
+    source: str  # derived | override | config_default
+
+
+def _params() -> dict[str, Any]:
+    return load_table("max_age")
+
+
+def margin_hours(retention_days: int) -> int:
+    p = _params()
+    return max(p["margin_min_hours"], math.ceil(retention_days * 24 * p["margin_fraction"]))
+
+
+def derive(mode: str, retention_days: int | None = None, config_default_hours: int | None = None,
+           override_hours: int | None = None) -> MaxAge:
+    """Derive ``max_age_hours`` for a negotiated dedupe ``mode`` (E-05).
+
+    Raises:
+        MaxAgeError: the override is outside its allowed range, or the inputs are not a valid negotiation.
+    """
+    p = _params()
+    if mode == "permanent":
+        cap = p["permanent_cap_hours"]
+        if override_hours is not None:
+            _check_override(override_hours, cap, "the permanent-mode cap")
+            return MaxAge(override_hours, mode, None, "override")
+        default = p["permanent_default_hours"] if config_default_hours is None else config_default_hours
+        if default < p["override_min_hours"]:
+            raise MaxAgeError(p["errors"]["below_minimum"], f"max_age_hours {default} is below 1")
+        return MaxAge(min(default, cap), mode, None, "config_default")
+    if mode != "retention_scoped":
+        raise MaxAgeError(p["errors"]["below_minimum"], f"unknown dedupe mode {mode!r}")
+    if retention_days is None or retention_days < p["min_retention_days"]:
+        raise MaxAgeError(p["errors"]["below_minimum"],
+                          f"dedupe_retention_days {retention_days} is below {p['min_retention_days']}")
+    window = retention_days * 24
+    ceiling = window - p["window_gap_hours"]
+    if override_hours is not None:
+        _check_override(override_hours, ceiling, f"the dedupe window ({window} h) minus {p['window_gap_hours']} h")
+        return MaxAge(override_hours, mode, window, "override")
+    hours = min(max(p["floor_hours"], window - margin_hours(retention_days)), ceiling)
+    return MaxAge(hours, mode, window, "derived")
+
+
+def _check_override(hours: int, ceiling: int, what: str) -> None:
+    p = _params()
+    if hours < p["override_min_hours"]:
+        raise MaxAgeError(p["errors"]["below_minimum"], f"max_age_hours_override {hours} is below 1")
+    if hours > ceiling:
+        raise MaxAgeError(p["errors"]["above_window"],
+                          f"max_age_hours_override {hours} exceeds {ceiling} ({what})")
