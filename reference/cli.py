@@ -72,26 +72,33 @@ def spec_main(argv: list[str]) -> int:
     return module.cli(rest)
 
 
-COMMANDS = {"spec": (spec_main, "the specification tools: check, diff, diagrams, model-check, vectors, fingerprint")}
+def build_parser() -> argparse.ArgumentParser:
+    from reference.daemon.cli import add_commands as daemon_commands
+
+    parser = argparse.ArgumentParser(prog="meshd", description="meshspec: the spec tools, the reference daemon "
+                                     "and the reference broker for the claudemesh daemon protocol v0.9.0")
+    parser.add_argument("--version", action="store_true", help="print the meshd version")
+    sub = parser.add_subparsers(dest="command", metavar="<command>")
+    sub.add_parser("spec", help="the specification tools: " + ", ".join(SPEC_TOOLS), add_help=False)
+    daemon_commands(sub)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] in ("-h", "--help"):
-        print("usage: meshd <command> [args]\n\ncommands:")
-        for name, (_, summary) in COMMANDS.items():
-            print(f"  {name:<8} {summary}")
-        return 0 if argv else 2
-    if argv[0] == "--version":
+    if argv and argv[0] == "spec":
+        return spec_main(argv[1:])
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.version:
         from spec import SPEC_VERSION
 
         print(f"meshd (meshspec) {SPEC_VERSION}")
         return 0
-    handler = COMMANDS.get(argv[0])
-    if handler is None:
-        print(f"meshd: unknown command {argv[0]!r}; see `meshd --help`", file=sys.stderr)
+    if not getattr(args, "func", None):
+        parser.print_help()
         return 2
-    return handler[0](argv[1:])
+    return args.func(args)
 
 
 if __name__ == "__main__":

@@ -72,9 +72,17 @@ def schema_ids(spec_dir: Path = SPEC_DIR) -> list[str]:
     return sorted(str(uri) for uri in schema_registry(spec_dir))
 
 
+def _uri(ref: str) -> str:
+    name, sep, fragment = ref.partition("#")
+    uri = name if name.startswith("https://") else f"{SCHEMA_BASE}{name}.json"
+    return f"{uri}{sep}{fragment}"
+
+
 def schema(ref: str, spec_dir: Path = SPEC_DIR) -> dict[str, Any]:
-    """Return a schema by ``group/name`` (e.g. ``broker/ack``) or by full ``$id``."""
-    uri = ref if ref.startswith("https://") else f"{SCHEMA_BASE}{ref}.json"
+    """Return a schema by ``group/name`` (e.g. ``broker/ack``), by full ``$id``, or a ``#/$defs/...`` part of one."""
+    uri = _uri(ref)
+    if "#" in uri:
+        return {"$ref": uri}
     return schema_registry(spec_dir).contents(uri)
 
 

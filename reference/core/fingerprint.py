@@ -42,7 +42,8 @@ def meta_canonical(meta: Mapping[str, Any] | None) -> bytes:
         return b""
     try:
         return rfc8785.dumps(meta)
-    except (rfc8785.CanonicalizationError, rfc8785.IntegerDomainError, rfc8785.FloatDomainError) as exc:
+    except (rfc8785.CanonicalizationError, rfc8785.IntegerDomainError, rfc8785.FloatDomainError,
+            UnicodeEncodeError) as exc:  # a lone surrogate in a key fails while rfc8785 sorts by UTF-16
         raise MetaError(str(exc)) from exc
 
 

@@ -42,6 +42,8 @@ class IpcDecision:
     insert: bool
     row_state: str
     fingerprint_match: bool | None
+    request_fingerprint: bytes = b""
+    outbox_id: str | None = None  # the existing row's id (a new row's id is on its accept transition)
 
     @property
     def is_conflict(self) -> bool:
@@ -84,4 +86,5 @@ def decide_send(
             body["history_id"] = existing.history_id
         if "reason" in extras:
             body["reason"] = existing.last_error or ""
-    return IpcDecision(row.id, status, body, then["mutation"] == "insert_pending", state, match)
+    return IpcDecision(row.id, status, body, then["mutation"] == "insert_pending", state, match, fingerprint,
+                       None if existing is None else existing.id)

@@ -93,6 +93,7 @@ class Transition:
     successor: OutboxRow | None = None
     error: str | None = None
     reason: str | None = field(default=None, compare=False)
+    event: str = ""
 
 
 def backoff_ms(attempts: int, policy: OutboxPolicy, jitter_unit: float = 0.0) -> int:
@@ -189,7 +190,8 @@ def apply(row: OutboxRow | None, event: OutboxEvent, policy: OutboxPolicy, decis
     if outcome == "impossible":
         raise TransitionError(state, event.name, then.get("reason", "impossible"))
     if outcome in ("ignore", "reject"):
-        return Transition(chosen.id, outcome, row, row, error=then.get("error"), reason=then.get("reason"))
+        return Transition(chosen.id, outcome, row, row, error=then.get("error"), reason=then.get("reason"),
+                          event=event.name)
     if row is None:
         raise TransitionError(state, event.name, "use new_row() and accepted() for accept")
     effects = tuple(then.get("effects", ()))
@@ -205,7 +207,7 @@ def apply(row: OutboxRow | None, event: OutboxEvent, policy: OutboxPolicy, decis
         successor = new_row(event.successor_id, event.successor_client_message_id, row.request_fingerprint,
                             row.payload, event.now, policy)
     io = tuple(name for name in effects if name in IO_EFFECTS)
-    return Transition(chosen.id, "transition", row, after, io, successor)
+    return Transition(chosen.id, "transition", row, after, io, successor, event=event.name)
 
 
 def accepted(row: OutboxRow, decisions: DecisionTable | None = None) -> Transition:
@@ -213,4 +215,4 @@ def accepted(row: OutboxRow, decisions: DecisionTable | None = None) -> Transiti
     decisions = decisions or table()
     chosen = decisions.lookup(state="none", event="accept")
     effects = tuple(name for name in chosen.then.get("effects", ()) if name in IO_EFFECTS)
-    return Transition(chosen.id, "transition", None, row, effects)
+    return Transition(chosen.id, "transition", None, row, effects, event="accept")

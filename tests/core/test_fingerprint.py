@@ -57,3 +57,8 @@ def test_unrepresentable_meta_raises(meta):
 def test_lone_surrogate_body_raises():
     with pytest.raises(MetaError):
         body_hash("\udc00")
+
+
+def test_lone_surrogate_in_a_meta_key_raises():
+    with pytest.raises(MetaError):
+        meta_canonical({"\udc00": 1})

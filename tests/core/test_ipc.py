@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import make_row
+from core_builders import make_row
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -81,3 +81,10 @@ def test_fingerprint_match_reported():
     assert decide_send(None, STORED, "x").fingerprint_match is None
     assert decide_send(_existing("pending"), STORED, "x").fingerprint_match is True
     assert decide_send(_existing("pending"), OTHER, "x").fingerprint_match is False
+
+
+def test_decision_names_the_fingerprint_and_existing_row():
+    decision = decide_send(_existing("dead"), OTHER, "cmid-1")
+    assert decision.request_fingerprint == OTHER
+    assert decision.outbox_id == "01ROW"
+    assert decide_send(None, OTHER, "cmid-1").outbox_id is None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from conftest import make_row
+from core_builders import make_row
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -130,3 +130,9 @@ def test_unknown_event_is_a_typed_error(policy):
     with pytest.raises(TransitionError) as caught:
         apply(make_row("pending"), OutboxEvent("teleport", now=1), policy)
     assert (caught.value.state, caught.value.event) == ("pending", "teleport")
+
+
+def test_transitions_name_their_event(policy):
+    assert apply(make_row("pending"), _event("dispatch"), policy).event == "dispatch"
+    assert apply(make_row("done"), _event("ack_created"), policy).event == "ack_created"
+    assert accepted(make_row()).event == "accept"

@@ -1,0 +1,29 @@
+# meshspec: `make conform` runs the main job, `make test` runs the tests. Both set up .venv first.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.meshspec-installed
+
+.PHONY: setup conform test lint slow
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+conform: $(STAMP)
+	$(BIN)/meshd spec check
+	$(BIN)/meshd spec model-check
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+test: $(STAMP) lint
+	$(BIN)/meshd spec check
+	$(BIN)/python -m pytest -q -m "not slow"
+
+slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow

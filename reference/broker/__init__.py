@@ -1,0 +1,1 @@
+"""The meshspec reference broker: storage (``reference.broker.store``) and a throwaway PostgreSQL for tests."""

@@ -1,0 +1,496 @@
+"""The engine-neutral half of the SQL stores: the §4.7.2 accept algorithm and the maintenance jobs, run over DB-API.
+
+Theory of operation. An engine subclass supplies (1) ``SQL``, its named statements (kept in the engine's module, next
+to the code that runs them), (2) how to open a connection and begin a read or a write transaction, and (3) how to run
+a migration script under its lock. This class supplies the algorithm once, so both engines decide identically:
+
+* B1 (a read transaction, no write lock): mesh exists, sender is a member, destination kind valid, body size, the
+  broker's fingerprint recomputation (a meta that cannot be canonicalised is a schema failure), the rate limit last.
+  The mesh is checked before membership so an unknown mesh answers 404 mesh_not_found rather than 403; the schema
+  check proper is the caller's (the server validates the frame before building an AcceptRequest).
+* Drift: the daemon's claimed fingerprint against the broker's (E-21) -- a 409 before any write.
+* One write transaction: claim the dedupe key (INSERT … ON CONFLICT DO NOTHING), read the row back (the engine locks
+  it), B2 destination check, message / history / delivery inserts, COMMIT.
+
+After each step the known inputs go to ``reference.core.broker_accept.settle``; the first ``Settled`` answer ends the
+transaction as its ``transaction`` field says (none / rollback / commit) and shapes the ack from its ``include``,
+``conflict`` and ``effects``. Any exception inside the transaction rolls it back and answers 500 internal_error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from importlib import resources
+from typing import Any, ClassVar
+
+from reference.core import broker_accept
+from reference.core.fingerprint import (
+    FingerprintInput,
+    MetaError,
+    fingerprint_prefix,
+    meta_canonical,
+    request_fingerprint,
+)
+from spec import schema
+
+from .base import (
+    DAY_MS,
+    DEDUPE_MODES,
+    EFFECTS,
+    AcceptChecks,
+    AcceptRequest,
+    AcceptResult,
+    BrokerStore,
+    Delivery,
+    StoreError,
+    Violation,
+    rfc3339_ms,
+)
+
+log = logging.getLogger("meshbroker.store")
+
+IDEMPOTENCY_KEY_REUSED = "idempotency_key_reused"
+INTERNAL_ERROR = "internal_error"
+MAX_DETAIL = 300  # characters of an exception's text a 500 ack carries (the full error is logged)
+DESTINATION_KINDS = frozenset(schema("common/defs")["$defs"]["destination_kind"]["enum"])
+#: Which B2 check (spec/tables/broker_accept.yaml b2_checks) guards which destination kind, and the statement and
+#: parameter that run it against destination_ref.
+B2_CHECK_BY_KIND = {"topic": "topic_exists", "dm": "recipient_is_member", "queue": "queue_exists"}
+B2_STATEMENTS = {
+    "topic_exists": ("topic_exists", "topic"),
+    "recipient_is_member": ("member_exists", "pubkey"),
+    "queue_exists": ("queue_exists", "queue_id"),
+}
+#: Which message table holds which destination kind (§4.3: topic_message | message_queue).
+MESSAGE_INSERT_BY_KIND = {
+    "topic": "insert_topic_message", "dm": "insert_queue_message", "queue": "insert_queue_message",
+}
+RECIPIENTS_BY_KIND = {"topic": "topic_recipients", "queue": "queue_recipients"}
+TABLES = (
+    "mesh", "member", "topic", "topic_subscription", "queue", "queue_consumer", "client_message_dedupe",
+    "topic_message", "message_queue", "message_history", "delivery_queue",
+)
+ORPHAN_RULES = (
+    "dedupe_without_message", "message_without_dedupe", "message_without_history", "history_without_message",
+    "delivery_count_mismatch", "delivery_without_message", "delivery_without_dedupe",
+)
+#: Every statement an engine must define in ``SQL``.
+STATEMENTS = (
+    "mesh_policy", "member_exists", "claim_dedupe", "read_dedupe", "topic_exists", "queue_exists",
+    "topic_recipients", "queue_recipients", "insert_topic_message", "insert_queue_message", "insert_history",
+    "insert_delivery", "add_mesh", "add_member", "create_topic", "subscribe", "create_queue", "add_queue_consumer",
+    "due_delivery_exists", "lease_deliveries", "leased_deliveries", "ack_delivery", "prune_flip_history",
+    "prune_deliveries", "prune_history", "prune_topic_messages", "prune_queue_messages", "expire_history",
+    "expire_dedupe",
+    "migrations_table", "applied_migrations", "record_migration", *ORPHAN_RULES,
+    *(f"count_{table}" for table in TABLES),
+)
+_MIGRATION_NAME = re.compile(r"(\d{4})_[a-z0-9_]+\.sql")
+#: Each table row's ``then`` cell, for the one ack member ``Settled`` does not carry (``duplicate``).
+_THEN = {row.id: row.then for row in broker_accept.table().rows}
+
+
+class SqlBrokerStore(BrokerStore):
+    """A ``BrokerStore`` over a DB-API driver; see the module docstring. One connection per thread."""
+
+    engine: ClassVar[str]
+    SQL: ClassVar[Mapping[str, str]]
+
+    def __init__(self, checks: AcceptChecks | None = None, fault_hook: Callable[[str], None] | None = None):
+        missing = [name for name in STATEMENTS if name not in self.SQL]
+        if missing:
+            raise StoreError(f"{type(self).__name__}.SQL lacks {missing}")
+        self.checks = checks or AcceptChecks()
+        #: Test seam: called with "message", "history", "delivery" before each in-transaction insert and with
+        #: "commit" just before COMMIT; raising from it forces the failure path (BRK-COMMIT-FAIL).
+        self.fault_hook = fault_hook
+        self._local = threading.local()
+        self._connections: list[Any] = []
+        self._connections_lock = threading.Lock()
+        self._closed = False
+
+    # --- engine hooks ------------------------------------------------------------------------------------------
+
+    def _connect(self) -> Any:
+        """A new DB-API connection with dict-like rows, configured for this engine."""
+        raise NotImplementedError
+
+    def _usable(self, conn: Any) -> bool:
+        """Whether a thread's cached connection can still be used."""
+        return True
+
+    def _begin_read(self, conn: Any) -> None:
+        raise NotImplementedError
+
+    def _begin_write(self, conn: Any) -> None:
+        raise NotImplementedError
+
+    def _commit(self, conn: Any) -> None:
+        conn.commit()
+
+    def _rollback(self, conn: Any) -> None:
+        conn.rollback()
+
+    def _lock_migrations(self, cur: Any) -> None:
+        """Inside the migration transaction, before anything is read: serialise concurrent migrators."""
+        raise NotImplementedError
+
+    def _run_script(self, cur: Any, script: str) -> None:
+        """Execute a migration file's statements inside the current transaction."""
+        raise NotImplementedError
+
+    def _id_list(self, ids: list[int]) -> Any:
+        """``ids`` as the engine binds a list parameter."""
+        raise NotImplementedError
+
+    # --- connections and transactions --------------------------------------------------------------------------
+
+    def _conn(self) -> Any:
+        if self._closed:
+            raise StoreError("the store is closed")
+        conn = getattr(self._local, "conn", None)
+        if conn is not None and self._usable(conn):
+            return conn
+        conn = self._connect()
+        self._local.conn = conn
+        with self._connections_lock:
+            self._connections.append(conn)
+        return conn
+
+    @contextlib.contextmanager
+    def _transaction(self, write: bool) -> Iterator[Any]:
+        conn = self._conn()
+        (self._begin_write if write else self._begin_read)(conn)
+        try:
+            cur = conn.cursor()
+            yield cur
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self._rollback(conn)
+            raise
+        self._commit(conn)
+
+    def _x(self, cur: Any, statement: str, /, **params: Any) -> Any:
+        cur.execute(self.SQL[statement], params)
+        return cur
+
+    def close(self) -> None:
+        self._closed = True
+        with self._connections_lock:
+            connections, self._connections = self._connections, []
+        for conn in connections:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+    # --- migrations ----------------------------------------------------------------------------------------------
+
+    def migration_files(self) -> list[tuple[int, str, str]]:
+        """(version, name, SQL text) of every migration shipped for this engine, in version order."""
+        folder = resources.files(__package__).joinpath("migrations", self.engine)
+        found = []
+        for entry in folder.iterdir():
+            match = _MIGRATION_NAME.fullmatch(entry.name)
+            if match:
+                found.append((int(match.group(1)), entry.name, entry.read_text(encoding="utf-8")))
+        return sorted(found)
+
+    def migrate(self) -> list[int]:
+        applied_now: list[int] = []
+        with self._transaction(write=True) as cur:
+            self._lock_migrations(cur)
+            self._x(cur, "migrations_table")
+            done = {row["version"] for row in self._x(cur, "applied_migrations").fetchall()}
+            shipped = self.migration_files()
+            newer = done - {version for version, _, _ in shipped}
+            if newer:
+                raise StoreError(f"the database has migrations {sorted(newer)} this code does not know")
+            for version, name, script in shipped:
+                if version in done:
+                    continue
+                self._run_script(cur, script)
+                self._x(cur, "record_migration", version=version, name=name, applied_at=_now_ms())
+                applied_now.append(version)
+        if applied_now:
+            log.info("broker_store_migrated engine=%s versions=%s", self.engine, applied_now)
+        return applied_now
+
+    # --- mesh administration ------------------------------------------------------------------------------------
+
+    def add_mesh(self, mesh_id: str, slug: str, dedupe_mode: str, retention_days: int | None) -> None:
+        if dedupe_mode not in DEDUPE_MODES:
+            raise ValueError(f"dedupe_mode must be one of {DEDUPE_MODES}")
+        with self._transaction(write=True) as cur:
+            self._x(cur, "add_mesh", mesh_id=mesh_id, slug=slug, dedupe_mode=dedupe_mode,
+                    retention_days=retention_days)
+
+    def add_member(self, mesh_id: str, pubkey: str, display_name: str = "") -> None:
+        with self._transaction(write=True) as cur:
+            self._x(cur, "add_member", mesh_id=mesh_id, pubkey=pubkey, display_name=display_name)
+
+    def create_topic(self, mesh_id: str, topic: str) -> None:
+        with self._transaction(write=True) as cur:
+            self._x(cur, "create_topic", mesh_id=mesh_id, topic=topic)
+
+    def subscribe(self, mesh_id: str, topic: str, pubkey: str) -> None:
+        with self._transaction(write=True) as cur:
+            self._x(cur, "subscribe", mesh_id=mesh_id, topic=topic, pubkey=pubkey)
+
+    def create_queue(self, mesh_id: str, queue_id: str, consumers: Iterable[str] = ()) -> None:
+        with self._transaction(write=True) as cur:
+            self._x(cur, "create_queue", mesh_id=mesh_id, queue_id=queue_id)
+            for pubkey in consumers:
+                self._x(cur, "add_queue_consumer", mesh_id=mesh_id, queue_id=queue_id, pubkey=pubkey)
+
+    # --- accept (§4.7.2) -----------------------------------------------------------------------------------------
+
+    def accept(
+        self, req: AcceptRequest, broker_message_id: str, history_id: str, checks: AcceptChecks | None = None
+    ) -> AcceptResult:
+        try:
+            failed_check, policy, broker_fp = self._phase_b1(req, checks or self.checks)
+        except Exception as exc:
+            log.exception("broker_accept_b1_failed client_message_id=%s", req.client_message_id)
+            return self._fault(req, None, exc)
+        if failed_check is not None:
+            return self._rejected(broker_accept.settle(b1="rejected"), req, failed_check)
+        known = {"b1": "ok", "drift": "same" if broker_fp == req.request_fingerprint else "differs"}
+        settled = broker_accept.settle(**known)
+        if settled is not None:  # BRK-DRIFT: nothing written
+            return self._answer(settled, req, {"broker_fingerprint_prefix": fingerprint_prefix(broker_fp)})
+        return self._accept_in_transaction(req, broker_message_id, history_id, policy, broker_fp, known)
+
+    def _phase_b1(self, req: AcceptRequest, checks: AcceptChecks) -> tuple[str | None, Any, bytes]:
+        """The first failed B1 check's name (or None), the mesh's dedupe policy, the broker's fingerprint."""
+        with self._transaction(write=False) as cur:
+            policy = self._x(cur, "mesh_policy", mesh_id=req.mesh_id).fetchone()
+            if policy is None:
+                return "mesh_exists", None, b""
+            policy = dict(policy)
+            member = self._x(cur, "member_exists", mesh_id=req.mesh_id, pubkey=req.sender_pubkey).fetchone()
+        if member is None:
+            return "membership", policy, b""
+        if req.destination_kind not in DESTINATION_KINDS:
+            return "destination_kind_valid", policy, b""
+        if len(req.body.encode("utf-8", "surrogatepass")) > checks.max_payload_bytes:
+            return "payload_size", policy, b""
+        try:
+            broker_fp = request_fingerprint(FingerprintInput(
+                destination_kind=req.destination_kind, destination_ref=req.destination_ref,
+                reply_to_id=req.reply_to_id, priority=req.priority, meta=req.meta, body=req.body,
+            ))
+        except MetaError:
+            return "schema", policy, b""
+        if not checks.rate_limit(req):
+            return "rate_limit", policy, broker_fp
+        return None, policy, broker_fp
+
+    def _accept_in_transaction(
+        self, req: AcceptRequest, broker_message_id: str, history_id: str, policy: Mapping[str, Any],
+        broker_fp: bytes, known: dict[str, str],
+    ) -> AcceptResult:
+        conn = self._conn()
+        values: dict[str, Any] = {}
+        failed_check: str | None = None
+        counts: dict[str, int] = {}
+        recipients: list[str] = []
+        try:
+            self._begin_write(conn)
+            cur = conn.cursor()
+            self._x(cur, "claim_dedupe", mesh_id=req.mesh_id, client_message_id=req.client_message_id,
+                    broker_message_id=broker_message_id, request_fingerprint=broker_fp,
+                    destination_kind=req.destination_kind, destination_ref=req.destination_ref,
+                    first_seen_at=req.received_at_ms, expires_at=self._expires_at(req, policy))
+            row = self._x(cur, "read_dedupe", mesh_id=req.mesh_id, client_message_id=req.client_message_id).fetchone()
+            if row is None:
+                raise StoreError("the dedupe row vanished between the claim and the read-back")
+            stored_fp = bytes(row["request_fingerprint"])
+            known["claim"] = "ours" if row["broker_message_id"] == broker_message_id else "theirs"
+            known["fingerprint"] = "match" if stored_fp == broker_fp else "mismatch"
+            values = {  # what an ack may include (the settled row picks); the history row is only the original's
+                "broker_message_id": row["broker_message_id"],
+                "history_id": history_id if known["claim"] == "ours" else row["history_id"],
+                "history_available": bool(row["history_available"]),
+                "first_seen_at": rfc3339_ms(int(row["first_seen_at_ms"])),
+                "broker_fingerprint_prefix": fingerprint_prefix(broker_fp),  # this request's, as E-26 for the daemon
+            }
+            settled = broker_accept.settle(**known)
+            if settled is None:
+                failed_check = self._phase_b2(cur, req)
+                known["b2"] = "ok" if failed_check is None else "rejected"
+                settled = broker_accept.settle(**known)
+            if settled is None:
+                recipients = self._insert_effects(cur, req, broker_message_id, history_id)
+                counts = {"dedupe": 1, "message": 1, "history": 1, "delivery": len(recipients)}
+                self._hook("commit")
+                known["commit"] = "ok"
+                settled = broker_accept.settle(**known)
+            assert settled is not None, known
+            self._end(conn, settled.transaction)
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                self._rollback(conn)
+            log.exception("broker_accept_failed client_message_id=%s", req.client_message_id)
+            decided = broker_accept.settle(**{**known, "commit": "failed"}) if known.get("b2") == "ok" else None
+            return self._fault(req, decided, exc)
+        if failed_check is not None:
+            return self._rejected(settled, req, failed_check)
+        return self._answer(settled, req, values, counts, tuple(recipients))
+
+    def _end(self, conn: Any, transaction: str) -> None:
+        if transaction == "commit":
+            self._commit(conn)
+        elif transaction == "rollback":
+            self._rollback(conn)
+        else:
+            raise StoreError(f"a transaction was open for an outcome with transaction={transaction!r}")
+
+    @staticmethod
+    def _expires_at(req: AcceptRequest, policy: Mapping[str, Any]) -> int | None:
+        if policy["dedupe_mode"] == "permanent":
+            return None
+        if req.dedupe_expires_at_ms is not None:
+            return req.dedupe_expires_at_ms
+        return req.received_at_ms + int(policy["retention_days"]) * DAY_MS
+
+    def _phase_b2(self, cur: Any, req: AcceptRequest) -> str | None:
+        """The failed B2 check's name, or None: the destination exists (inside the transaction)."""
+        check = B2_CHECK_BY_KIND[req.destination_kind]
+        statement, parameter = B2_STATEMENTS[check]
+        found = self._x(cur, statement, mesh_id=req.mesh_id, **{parameter: req.destination_ref}).fetchone()
+        return None if found is not None else check
+
+    def _insert_effects(self, cur: Any, req: AcceptRequest, broker_message_id: str, history_id: str) -> list[str]:
+        """The §4.7.1 inserts after the dedupe claim; returns the recipients that got a delivery row."""
+        if req.destination_kind == "dm":
+            recipients = [req.destination_ref]
+        else:
+            rows = self._x(cur, RECIPIENTS_BY_KIND[req.destination_kind], mesh_id=req.mesh_id,
+                           ref=req.destination_ref, sender=req.sender_pubkey).fetchall()
+            recipients = [row["pubkey"] for row in rows]
+        meta = meta_canonical(req.meta).decode("utf-8") or None
+        self._hook("message")
+        self._x(cur, MESSAGE_INSERT_BY_KIND[req.destination_kind], id=broker_message_id, mesh_id=req.mesh_id,
+                client_message_id=req.client_message_id, sender_pubkey=req.sender_pubkey,
+                destination_kind=req.destination_kind, destination_ref=req.destination_ref, priority=req.priority,
+                reply_to_id=req.reply_to_id, meta=meta, body=req.body, created_at=req.received_at_ms)
+        self._hook("history")
+        self._x(cur, "insert_history", id=history_id, broker_message_id=broker_message_id, mesh_id=req.mesh_id,
+                destination_kind=req.destination_kind, destination_ref=req.destination_ref,
+                sender_pubkey=req.sender_pubkey, recipient_count=len(recipients), created_at=req.received_at_ms)
+        for recipient in recipients:
+            self._hook("delivery")
+            self._x(cur, "insert_delivery", broker_message_id=broker_message_id, mesh_id=req.mesh_id,
+                    recipient_pubkey=recipient)
+        return recipients
+
+    def _hook(self, stage: str) -> None:
+        if self.fault_hook is not None:
+            self.fault_hook(stage)
+
+    # --- ack bodies (E-10) ---------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _answer(
+        settled: broker_accept.Settled, req: AcceptRequest, values: Mapping[str, Any],
+        counts: Mapping[str, int] | None = None, recipients: tuple[str, ...] = (),
+    ) -> AcceptResult:
+        """The ack for a 201, 200 or 409 outcome: the members the table row includes, per E-10."""
+        body: dict[str, Any] = {"client_message_id": req.client_message_id}
+        if settled.conflict is not None:
+            body.update(error=IDEMPOTENCY_KEY_REUSED, conflict=settled.conflict,
+                        broker_fingerprint_prefix=values["broker_fingerprint_prefix"])
+        body.update({name: values[name] for name in settled.include})
+        if "duplicate" in _THEN[settled.table_row]:
+            body["duplicate"] = bool(_THEN[settled.table_row]["duplicate"])
+        effects = {name: (counts or {}).get(name, 0) if name in settled.effects else 0 for name in EFFECTS}
+        return AcceptResult(settled.table_row, int(settled.http_status), body, effects, recipients, settled.metric)
+
+    @staticmethod
+    def _rejected(settled: broker_accept.Settled | None, req: AcceptRequest, check: str) -> AcceptResult:
+        """The ack for a failed B1 or B2 check: its status and error code come from the table's check list."""
+        assert settled is not None
+        status, error = broker_accept.check_status(settled.phase, check)
+        body = {"client_message_id": req.client_message_id, "error": error,
+                "detail": f"{settled.phase} check {check} failed"}
+        return AcceptResult(settled.table_row, status, body, dict.fromkeys(EFFECTS, 0), (), settled.metric)
+
+    @staticmethod
+    def _fault(req: AcceptRequest, settled: broker_accept.Settled | None, exc: BaseException) -> AcceptResult:
+        body = {"client_message_id": req.client_message_id, "error": INTERNAL_ERROR,
+                "detail": f"{type(exc).__name__}: {exc}"[:MAX_DETAIL]}
+        return AcceptResult(settled.table_row if settled else None, 500, body, dict.fromkeys(EFFECTS, 0))
+
+    # --- deliveries ----------------------------------------------------------------------------------------------
+
+    def pending_deliveries(self, recipient: str, now_ms: int, lease_ms: int, limit: int = 100) -> list[Delivery]:
+        params = {"recipient": recipient, "now": now_ms, "lease_until": now_ms + lease_ms, "limit": limit}
+        with self._transaction(write=False) as cur:  # idle polls never take the write lock
+            due = self._x(cur, "due_delivery_exists", **params).fetchone()
+        if due is None:
+            return []
+        with self._transaction(write=True) as cur:
+            ids = [row["id"] for row in self._x(cur, "lease_deliveries", **params).fetchall()]
+            if not ids:
+                return []
+            rows = self._x(cur, "leased_deliveries", ids=self._id_list(ids)).fetchall()
+        return [_delivery(row) for row in rows]
+
+    def ack_delivery(self, delivery_id: int, recipient: str, now_ms: int | None = None) -> bool:
+        with self._transaction(write=True) as cur:
+            acked_at = _now_ms() if now_ms is None else now_ms
+            cur = self._x(cur, "ack_delivery", id=delivery_id, recipient=recipient, now=acked_at)
+            return cur.rowcount == 1
+
+    # --- retention and expiry (§17 steps 5 and 6) ----------------------------------------------------------------
+
+    def prune_messages(self, before_ms: int) -> int:
+        with self._transaction(write=True) as cur:
+            for name in ("prune_flip_history", "prune_deliveries", "prune_history"):
+                self._x(cur, name, before=before_ms)
+            deleted = self._x(cur, "prune_topic_messages", before=before_ms).rowcount
+            deleted += self._x(cur, "prune_queue_messages", before=before_ms).rowcount
+        return deleted
+
+    def expire_dedupe(self, now_ms: int) -> int:
+        with self._transaction(write=True) as cur:
+            self._x(cur, "expire_history", now=now_ms)
+            return self._x(cur, "expire_dedupe", now=now_ms).rowcount
+
+    # --- inventory -----------------------------------------------------------------------------------------------
+
+    def orphan_check(self, now_ms: int | None = None) -> list[Violation]:
+        found: list[Violation] = []
+        with self._transaction(write=False) as cur:
+            for rule in ORPHAN_RULES:
+                for row in self._x(cur, rule, now=_now_ms() if now_ms is None else now_ms).fetchall():
+                    found.append(Violation(rule, row["mesh_id"], str(row["ref"]), row["detail"]))
+        for violation in found:
+            log.warning("cm_broker_dedupe_orphan_found mesh_id=%s kind=%s ref=%s %s", violation.mesh_id,
+                        violation.kind, violation.ref, violation.detail)
+        return found
+
+    def counts(self) -> dict[str, int]:
+        with self._transaction(write=False) as cur:
+            return {table: int(self._x(cur, f"count_{table}").fetchone()["n"]) for table in TABLES}
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _delivery(row: Mapping[str, Any]) -> Delivery:
+    return Delivery(
+        delivery_id=int(row["id"]), mesh_id=row["mesh_id"], recipient_pubkey=row["recipient_pubkey"],
+        attempt=int(row["attempt"]), lease_until_ms=int(row["lease_until_ms"]),
+        broker_message_id=row["broker_message_id"], client_message_id=row["client_message_id"],
+        history_id=row["history_id"], sender_pubkey=row["sender_pubkey"], destination_kind=row["destination_kind"],
+        destination_ref=row["destination_ref"], priority=row["priority"], reply_to_id=row["reply_to_id"],
+        meta=json.loads(row["meta"]) if row["meta"] else None, body=row["body"],
+        created_at_ms=int(row["created_at_ms"]),
+    )

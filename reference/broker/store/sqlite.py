@@ -1,0 +1,253 @@
+"""The broker store on SQLite: one file, WAL, synchronous=FULL, one connection per thread.
+
+Atomicity and serialisation: every write runs under ``BEGIN IMMEDIATE``, which takes the database's RESERVED lock
+before the first statement, so the accept's claim → read-back → B2 → inserts run with no other writer in between
+(SQLite has no row locks; the read-back needs none). Readers (B1, idle delivery polls, counts, the orphan check) use
+deferred ``BEGIN`` and, under WAL, never wait for a writer. Each thread gets its own connection (``threading.local``;
+``busy_timeout`` makes a second writer wait rather than fail); a connection is only ever used by the thread that
+opened it, and ``close()`` closes them all. Times are INTEGER unix milliseconds; booleans are 0/1.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from ._sql import TABLES, SqlBrokerStore
+from .base import AcceptChecks
+
+BUSY_TIMEOUT_MS = 30_000
+
+_MESSAGE_COLUMNS = (
+    "id, mesh_id, client_message_id, sender_pubkey, destination_kind, destination_ref, priority, reply_to_id, meta, "
+    "body, created_at"
+)
+_MESSAGE_VALUES = (
+    ":id, :mesh_id, :client_message_id, :sender_pubkey, :destination_kind, :destination_ref, :priority, :reply_to_id, "
+    ":meta, :body, :created_at"
+)
+#: A message whose dedupe row may have expired by policy (retention_scoped and older than the window at :now).
+_DEDUPE_MAY_HAVE_EXPIRED = (
+    "(policy.dedupe_mode = 'retention_scoped' AND m.created_at + policy.retention_days * 86400000 <= :now)"
+)
+
+SQL: dict[str, str] = {
+    # B1 and B2 reads
+    "mesh_policy": "SELECT dedupe_mode, retention_days FROM mesh WHERE id = :mesh_id",
+    "member_exists": "SELECT 1 FROM member WHERE mesh_id = :mesh_id AND pubkey = :pubkey",
+    "topic_exists": "SELECT 1 FROM topic WHERE mesh_id = :mesh_id AND name = :topic",
+    "queue_exists": "SELECT 1 FROM queue WHERE mesh_id = :mesh_id AND id = :queue_id",
+    "topic_recipients": (
+        "SELECT pubkey FROM topic_subscription WHERE mesh_id = :mesh_id AND topic = :ref AND pubkey <> :sender "
+        "ORDER BY pubkey"
+    ),
+    "queue_recipients": (
+        "SELECT pubkey FROM queue_consumer WHERE mesh_id = :mesh_id AND queue_id = :ref ORDER BY pubkey"
+    ),
+    # §4.7.2 steps 1 and 2
+    "claim_dedupe": (
+        "INSERT INTO client_message_dedupe (mesh_id, client_message_id, broker_message_id, request_fingerprint, "
+        "destination_kind, destination_ref, first_seen_at, expires_at) "
+        "VALUES (:mesh_id, :client_message_id, :broker_message_id, :request_fingerprint, :destination_kind, "
+        ":destination_ref, :first_seen_at, :expires_at) "
+        "ON CONFLICT (mesh_id, client_message_id) DO NOTHING"
+    ),
+    "read_dedupe": (
+        "SELECT d.broker_message_id, d.request_fingerprint, d.history_available, d.first_seen_at AS first_seen_at_ms, "
+        "h.id AS history_id "
+        "FROM client_message_dedupe d LEFT JOIN message_history h ON h.broker_message_id = d.broker_message_id "
+        "WHERE d.mesh_id = :mesh_id AND d.client_message_id = :client_message_id"
+    ),
+    # §4.7.2 step 4
+    "insert_topic_message": f"INSERT INTO topic_message ({_MESSAGE_COLUMNS}) VALUES ({_MESSAGE_VALUES})",
+    "insert_queue_message": f"INSERT INTO message_queue ({_MESSAGE_COLUMNS}) VALUES ({_MESSAGE_VALUES})",
+    "insert_history": (
+        "INSERT INTO message_history (id, broker_message_id, mesh_id, destination_kind, destination_ref, "
+        "sender_pubkey, recipient_count, created_at) VALUES (:id, :broker_message_id, :mesh_id, :destination_kind, "
+        ":destination_ref, :sender_pubkey, :recipient_count, :created_at)"
+    ),
+    "insert_delivery": (
+        "INSERT INTO delivery_queue (broker_message_id, mesh_id, recipient_pubkey) "
+        "VALUES (:broker_message_id, :mesh_id, :recipient_pubkey)"
+    ),
+    # administration
+    "add_mesh": (
+        "INSERT INTO mesh (id, slug, dedupe_mode, retention_days) "
+        "VALUES (:mesh_id, :slug, :dedupe_mode, :retention_days)"
+    ),
+    "add_member": (
+        "INSERT INTO member (mesh_id, pubkey, display_name) VALUES (:mesh_id, :pubkey, :display_name) "
+        "ON CONFLICT (mesh_id, pubkey) DO UPDATE SET display_name = excluded.display_name"
+    ),
+    "create_topic": "INSERT INTO topic (mesh_id, name) VALUES (:mesh_id, :topic) ON CONFLICT DO NOTHING",
+    "subscribe": (
+        "INSERT INTO topic_subscription (mesh_id, topic, pubkey) VALUES (:mesh_id, :topic, :pubkey) "
+        "ON CONFLICT DO NOTHING"
+    ),
+    "create_queue": "INSERT INTO queue (mesh_id, id) VALUES (:mesh_id, :queue_id) ON CONFLICT DO NOTHING",
+    "add_queue_consumer": (
+        "INSERT INTO queue_consumer (mesh_id, queue_id, pubkey) VALUES (:mesh_id, :queue_id, :pubkey) "
+        "ON CONFLICT DO NOTHING"
+    ),
+    # deliveries: claim (lease) → push → ack
+    "due_delivery_exists": (
+        "SELECT 1 FROM delivery_queue WHERE recipient_pubkey = :recipient AND acked_at IS NULL "
+        "AND (lease_until IS NULL OR lease_until <= :now) LIMIT 1"
+    ),
+    "lease_deliveries": (
+        "UPDATE delivery_queue SET attempt = attempt + 1, lease_until = :lease_until "
+        "WHERE id IN (SELECT id FROM delivery_queue WHERE recipient_pubkey = :recipient AND acked_at IS NULL "
+        "AND (lease_until IS NULL OR lease_until <= :now) ORDER BY id LIMIT :limit) RETURNING id"
+    ),
+    "leased_deliveries": (
+        "SELECT d.id, d.mesh_id, d.recipient_pubkey, d.attempt, d.lease_until AS lease_until_ms, d.broker_message_id, "
+        "m.client_message_id, h.id AS history_id, m.sender_pubkey, m.destination_kind, m.destination_ref, "
+        "m.priority, m.reply_to_id, m.meta, m.body, m.created_at AS created_at_ms "
+        "FROM delivery_queue d JOIN accepted_message m ON m.id = d.broker_message_id "
+        "LEFT JOIN message_history h ON h.broker_message_id = d.broker_message_id "
+        "WHERE d.id IN (SELECT value FROM json_each(:ids)) ORDER BY d.id"
+    ),
+    "ack_delivery": (
+        "UPDATE delivery_queue SET acked_at = COALESCE(acked_at, :now) WHERE id = :id AND recipient_pubkey = :recipient"
+    ),
+    # retention (§17 step 6) and expiry (§17 step 5)
+    "prune_flip_history": (
+        "UPDATE client_message_dedupe SET history_available = 0 WHERE history_available = 1 AND EXISTS ("
+        "SELECT 1 FROM accepted_message m WHERE m.created_at < :before AND m.mesh_id = client_message_dedupe.mesh_id "
+        "AND m.client_message_id = client_message_dedupe.client_message_id "
+        "AND m.id = client_message_dedupe.broker_message_id)"
+    ),
+    "prune_deliveries": (
+        "DELETE FROM delivery_queue WHERE broker_message_id IN "
+        "(SELECT id FROM accepted_message WHERE created_at < :before)"
+    ),
+    "prune_history": (  # a history row stays while a dedupe row names it: a duplicate still answers history_id
+        "DELETE FROM message_history WHERE broker_message_id IN "
+        "(SELECT id FROM accepted_message WHERE created_at < :before) AND NOT EXISTS ("
+        "SELECT 1 FROM client_message_dedupe d WHERE d.mesh_id = message_history.mesh_id "
+        "AND d.broker_message_id = message_history.broker_message_id)"
+    ),
+    "prune_topic_messages": "DELETE FROM topic_message WHERE created_at < :before",
+    "prune_queue_messages": "DELETE FROM message_queue WHERE created_at < :before",
+    "expire_history": (  # the kept history rows of pruned messages go with their dedupe rows
+        "DELETE FROM message_history WHERE broker_message_id IN (SELECT d.broker_message_id "
+        "FROM client_message_dedupe d JOIN mesh policy ON policy.id = d.mesh_id WHERE d.expires_at IS NOT NULL "
+        "AND d.expires_at < :now AND policy.dedupe_mode = 'retention_scoped') "
+        "AND NOT EXISTS (SELECT 1 FROM accepted_message m WHERE m.id = message_history.broker_message_id)"
+    ),
+    "expire_dedupe": (
+        "DELETE FROM client_message_dedupe WHERE expires_at IS NOT NULL AND expires_at < :now AND mesh_id IN "
+        "(SELECT id FROM mesh WHERE dedupe_mode = 'retention_scoped')"
+    ),
+    # migrations
+    "migrations_table": (
+        "CREATE TABLE IF NOT EXISTS schema_migrations ("
+        "version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL)"
+    ),
+    "applied_migrations": "SELECT version FROM schema_migrations ORDER BY version",
+    "record_migration": (
+        "INSERT INTO schema_migrations (version, name, applied_at) VALUES (:version, :name, :applied_at)"
+    ),
+    # §4.7.3 inventory: each rule selects (mesh_id, ref, detail) per violation
+    "dedupe_without_message": (
+        "SELECT d.mesh_id, d.client_message_id AS ref, 'client_message_dedupe (' || d.mesh_id || ', ' || "
+        "d.client_message_id || ') names message ' || d.broker_message_id || "
+        "', which does not exist, and history_available is true' AS detail "
+        "FROM client_message_dedupe d WHERE d.history_available = 1 AND NOT EXISTS ("
+        "SELECT 1 FROM accepted_message m WHERE m.id = d.broker_message_id AND m.mesh_id = d.mesh_id)"
+    ),
+    "message_without_dedupe": (
+        "SELECT m.mesh_id, m.id AS ref, 'message ' || m.id || ' (client_message_id ' || m.client_message_id || "
+        "') has no client_message_dedupe row naming it' AS detail "
+        "FROM accepted_message m JOIN mesh policy ON policy.id = m.mesh_id WHERE m.client_message_id IS NOT NULL "
+        "AND NOT EXISTS (SELECT 1 FROM client_message_dedupe d WHERE d.mesh_id = m.mesh_id "
+        "AND d.client_message_id = m.client_message_id AND d.broker_message_id = m.id) "
+        f"AND NOT {_DEDUPE_MAY_HAVE_EXPIRED}"
+    ),
+    "message_without_history": (
+        "SELECT m.mesh_id, m.id AS ref, 'message ' || m.id || ' has no message_history row' AS detail "
+        "FROM accepted_message m WHERE NOT EXISTS ("
+        "SELECT 1 FROM message_history h WHERE h.broker_message_id = m.id)"
+    ),
+    "history_without_message": (
+        "SELECT h.mesh_id, h.broker_message_id AS ref, 'message_history ' || h.id || ' names message ' || "
+        "h.broker_message_id || ', which does not exist and was not pruned (no dedupe row with "
+        "history_available false names it)' AS detail "
+        "FROM message_history h WHERE NOT EXISTS (SELECT 1 FROM accepted_message m WHERE m.id = h.broker_message_id) "
+        "AND NOT EXISTS (SELECT 1 FROM client_message_dedupe d WHERE d.mesh_id = h.mesh_id "
+        "AND d.broker_message_id = h.broker_message_id AND d.history_available = 0)"
+    ),
+    "delivery_count_mismatch": (
+        "SELECT mesh_id, ref, 'message ' || ref || ' has ' || actual || ' delivery_queue rows; its history recorded ' "
+        "|| expected AS detail FROM (SELECT h.mesh_id, h.broker_message_id AS ref, h.recipient_count AS expected, "
+        "(SELECT count(*) FROM delivery_queue q WHERE q.broker_message_id = h.broker_message_id) AS actual "
+        "FROM message_history h WHERE EXISTS (SELECT 1 FROM accepted_message m WHERE m.id = h.broker_message_id)) "
+        "WHERE actual <> expected"
+    ),
+    "delivery_without_message": (
+        "SELECT q.mesh_id, q.id AS ref, 'delivery_queue ' || q.id || ' names message ' || q.broker_message_id || "
+        "', which does not exist' AS detail "
+        "FROM delivery_queue q WHERE NOT EXISTS (SELECT 1 FROM accepted_message m WHERE m.id = q.broker_message_id)"
+    ),
+    "delivery_without_dedupe": (
+        "SELECT q.mesh_id, q.id AS ref, 'delivery_queue ' || q.id || ' names message ' || q.broker_message_id || "
+        "', which no client_message_dedupe row names' AS detail FROM delivery_queue q "
+        "WHERE NOT EXISTS (SELECT 1 FROM client_message_dedupe d WHERE d.mesh_id = q.mesh_id "
+        "AND d.broker_message_id = q.broker_message_id) "
+        "AND NOT EXISTS (SELECT 1 FROM accepted_message m JOIN mesh policy ON policy.id = m.mesh_id "
+        f"WHERE m.id = q.broker_message_id AND (m.client_message_id IS NULL OR {_DEDUPE_MAY_HAVE_EXPIRED}))"
+    ),
+    **{f"count_{table}": f"SELECT count(*) AS n FROM {table}" for table in TABLES},
+}
+
+
+class SqliteStore(SqlBrokerStore):
+    """The broker store in one SQLite file (``:memory:`` is refused: each thread would see its own database)."""
+
+    engine = "sqlite"
+    SQL = SQL
+
+    def __init__(self, path: str | Path, checks: AcceptChecks | None = None, fault_hook: Any = None):
+        if str(path) in ("", ":memory:") or str(path).startswith("file:"):
+            raise ValueError("SqliteStore needs a file path (every thread opens its own connection)")
+        self.path = Path(path)
+        self.url = f"sqlite:///{self.path}"
+        super().__init__(checks, fault_hook)
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False
+        )
+        conn.row_factory = sqlite3.Row
+        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if mode.lower() != "wal":
+            raise sqlite3.OperationalError(f"{self.path}: journal_mode is {mode}, not wal")
+        conn.execute("PRAGMA synchronous = FULL")
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        conn.execute("PRAGMA foreign_keys = ON")
+        return conn
+
+    def _begin_read(self, conn: sqlite3.Connection) -> None:
+        conn.execute("BEGIN")
+
+    def _begin_write(self, conn: sqlite3.Connection) -> None:
+        conn.execute("BEGIN IMMEDIATE")
+
+    def _lock_migrations(self, cur: sqlite3.Cursor) -> None:
+        """Nothing to add: the migration runs under BEGIN IMMEDIATE, which already excludes every other writer."""
+
+    def _run_script(self, cur: sqlite3.Cursor, script: str) -> None:
+        # executescript() would COMMIT first and drop the lock, so statements run one by one in our transaction.
+        statement = ""
+        for line in script.splitlines(keepends=True):
+            statement += line
+            if sqlite3.complete_statement(statement):
+                cur.execute(statement)
+                statement = ""
+        leftover = [ln for ln in statement.splitlines() if ln.strip() and not ln.strip().startswith("--")]
+        if leftover:
+            raise sqlite3.OperationalError(f"migration ends inside a statement: {leftover[0]!r}")
+
+    def _id_list(self, ids: list[int]) -> str:
+        return "[" + ",".join(str(int(i)) for i in ids) + "]"

@@ -1,0 +1,419 @@
+"""The IPC surface (spec/openapi.yaml) as a Falcon WSGI app.
+
+Resources only translate HTTP to the stores, the link and the core, and back. ``create_app(ctx)`` wires everything;
+tests pass their own context. Errors are raised as ``Problem`` and serialised in one place (problems.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import falcon
+from ulid import ULID
+
+from reference.core import RequestError, parse_send
+from reference.core.destination import TOPIC_NAME
+from spec import SPEC_VERSION, load_table
+
+from . import problems
+from .guard import Guard, transport_of
+from .link import BrokerTimeout, BrokerUnavailable
+from .problems import Problem
+
+IPC_FEATURES = ["version", "health", "send", "inbox", "events", "peers", "profile", "outbox", "outbox_requeue",
+                "metrics", "compat"]
+SCHEMA_VERSION = 1
+PROFILE_LIMIT = 16 * 1024
+REQUEUE_LIMIT = 4 * 1024
+OUTBOX_STATUSES = ("pending", "inflight", "done", "dead", "aborted")
+ULID_TEXT = re.compile(r"[0-7][0-9A-HJKMNP-TV-Z]{25}")
+PROFILE_FIELDS = {"summary", "status", "visible", "avatar", "title", "bio", "capabilities"}
+
+
+@dataclass
+class DaemonContext:
+    """Everything the IPC layer talks to. The real daemon builds it in runtime.py; tests build their own."""
+
+    config: dict[str, dict[str, Any]]
+    token: str
+    outbox: Any
+    inbox: Any
+    link: Any
+    events: Any
+    committer: Any
+    metrics: Any
+    member_pubkey: str
+    clock: Callable[[], float] = time.time
+    mint_id: Callable[[], str] = field(default=lambda: str(ULID()))
+    started_at: float = field(default_factory=time.time)
+    draining: threading.Event = field(default_factory=threading.Event)
+
+
+def _iso(ms: int | None) -> str | None:
+    if ms is None:
+        return None
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _read_body(req: falcon.Request, limit: int) -> bytes:
+    length = req.content_length
+    if length is not None and length > limit:
+        raise Problem("payload_too_large", f"the body is {length} bytes; the limit is {limit}")
+    data = req.bounded_stream.read(limit + 1)
+    if len(data) > limit:
+        raise Problem("payload_too_large", f"the body exceeds {limit} bytes")
+    return data
+
+
+def _require_json(req: falcon.Request) -> None:
+    content_type = (req.content_type or "").split(";", 1)[0].strip().lower()
+    if content_type and content_type != "application/json" and not content_type.endswith("+json"):
+        raise Problem("unsupported_media_type", f"content type {content_type!r} is not application/json")
+
+
+def _json_object(raw: bytes) -> dict[str, Any]:
+    from reference.core.request import parse_json_object
+
+    try:
+        return parse_json_object(raw)
+    except RequestError as exc:
+        raise Problem(exc.code, exc.detail) from exc
+
+
+def _int_param(req: falcon.Request, name: str, default: int, low: int, high: int) -> int:
+    raw = req.get_param(name)
+    if raw is None:
+        return default
+    if not re.fullmatch(r"[0-9]{1,9}", raw) or not low <= int(raw) <= high:
+        raise Problem("invalid_parameter", f"{name} must be an integer from {low} to {high}",
+                      invalid_params=[{"name": name, "reason": f"integer {low}-{high}"}])
+    return int(raw)
+
+
+def _no_writes_while_draining(ctx: DaemonContext) -> None:
+    if ctx.draining.is_set():
+        problem = Problem("daemon_draining", "the daemon is shutting down; retry against the next one")
+        problem.headers["Retry-After"] = "1"
+        raise problem
+
+
+def _send_json(resp: falcon.Response, status: int, body: dict[str, Any]) -> None:
+    resp.status = status
+    resp.content_type = falcon.MEDIA_JSON
+    resp.text = json.dumps(body, ensure_ascii=False)
+
+
+class Version:
+    def __init__(self, ctx: DaemonContext):
+        self.ctx = ctx
+
+    def on_get(self, req, resp):
+        negotiated = self.ctx.link.state.negotiated
+        _send_json(resp, 200, {
+            "daemon_version": SPEC_VERSION, "ipc_api": "v1", "ipc_features": IPC_FEATURES,
+            "schema_version": SCHEMA_VERSION, "broker_features_negotiated": sorted(negotiated),
+            "broker_feature_params": {bit: dict(params) for bit, params in sorted(negotiated.items())},
+        })
+
+
+class Health:
+    def __init__(self, ctx: DaemonContext):
+        self.ctx = ctx
+
+    def on_get(self, req, resp):
+        counts = self.ctx.outbox.counts()
+        state = self.ctx.link.state
+        connected = state.status == "open"
+        oldest = self.ctx.outbox.oldest_pending_enqueued_at()
+        lag_ms = None if oldest is None else max(0, int(self.ctx.clock() * 1000) - oldest)
+        _send_json(resp, 200, {
+            "ok": connected and not self.ctx.draining.is_set(), "connected": connected, "lag_ms": lag_ms,
+            "queue_depth": counts.get("pending", 0), "inflight": counts.get("inflight", 0),
+            "mesh": self.ctx.config["daemon"]["mesh"], "member_pubkey": self.ctx.member_pubkey,
+            "uptime_s": round(self.ctx.clock() - self.ctx.started_at, 3), "schema_version": SCHEMA_VERSION,
+            "daemon_version": SPEC_VERSION, "broker_version": state.broker_version, "pid": os.getpid(),
+        })
+
+
+class Compat:
+    def on_get(self, req, resp):
+        features = load_table("features")["daemon_defaults"]["require"]
+        _send_json(resp, 200, {
+            "daemon": SPEC_VERSION, "compatible_brokers": ["0.9.x"], "required_broker_features": features,
+            "compatible_clis": ["0.9.x"],
+            "compatible_sdks": {"python": ">=0.9.0,<1.0.0", "go": ">=0.9.0,<1.0.0", "ts": ">=0.9.0,<1.0.0"},
+        })
+
+
+class Metrics:
+    def __init__(self, ctx: DaemonContext):
+        self.ctx = ctx
+
+    def on_get(self, req, resp):
+        resp.content_type = "text/plain; version=0.0.4; charset=utf-8"
+        resp.text = self.ctx.metrics.render().decode("utf-8")
+
+
+class Send:
+    def __init__(self, ctx: DaemonContext):
+        self.ctx = ctx
+
+    def on_post(self, req, resp):
+        _no_writes_while_draining(self.ctx)
+        _require_json(req)
+        raw = _read_body(req, int(self.ctx.config["ipc"]["max_body_bytes"]))
+        try:
+            request = parse_send(raw, req.get_header("Idempotency-Key"))
+        except RequestError as exc:
+            raise Problem(exc.code, exc.detail,
+                          invalid_params=[{"name": n, "reason": r} for n, r in exc.invalid_params] or None) from exc
+        cmid = request.client_message_id or self.ctx.mint_id()
+        decision, _ = self.ctx.committer.submit((request, cmid, self.ctx.mint_id(), int(self.ctx.clock() * 1000)))
+        if decision.is_conflict:
+            extensions = {k: v for k, v in decision.body.items() if k != "error"}
+            raise Problem("idempotency_key_reused", f"{cmid} is bound to another request or state "
+                          f"({decision.body['conflict']})", **extensions)
+        if decision.insert:
+            self.ctx.link.wake()
+        _send_json(resp, decision.http_status, decision.body)
+
+
+class Inbox:
+    def __init__(self, ctx: DaemonContext):
+        self.ctx = ctx
+
+    def on_get(self, req, resp):
+        limit = _int_param(req, "limit", 100, 1, 1000)
+        since = req.get_param("since")
+        since_ms = None if since is None else rfc3339_ms(since)
+        sender = req.get_param("from")
+        if sender is not None and not re.fullmatch(r"[0-9a-f]{64}", sender):
+            raise Problem("invalid_parameter", "from must be a 64-hex lowercase public key")
+        topic = req.get_param("topic")
+        if topic is not None and not TOPIC_NAME.fullmatch(topic):
+            raise Problem("invalid_parameter", f"topic must match {TOPIC_NAME.pattern}")
+        cursor = _cursor_param(req)
+        try:
+            rows, _ = self.ctx.inbox.page(cursor=cursor, since_ms=since_ms, topic=topic, sender=sender, limit=limit)
+        except ValueError as exc:
+            raise Problem("invalid_cursor", str(exc)) from exc
+        # E-12: a consumer resumes from next_cursor even after reading everything there is so far.
+        next_cursor = rows[-1].cursor if rows else cursor
+        _send_json(resp, 200, {"items": [inbox_item(row) for row in rows], "next_cursor": next_cursor})
+
+
+RFC3339 = re.compile(r"(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(\.\d+)?([Zz]|[+-]\d{2}:\d{2})")
+
+
+def rfc3339_ms(text: str) -> int:
+    """Unix milliseconds of an RFC 3339 date-time; a leap second (:60) counts as the last instant of its minute."""
+    match = RFC3339.fullmatch(text)
+    if match is None:
+        raise Problem("invalid_parameter", "since must be an RFC 3339 date-time with an offset")
+    second = int(match[6])
+    leap = second == 60
+    iso = f"{match[1]}-{match[2]}-{match[3]}T{match[4]}:{match[5]}:{59 if leap else second:02d}"
+    offset = "+00:00" if match[8] in ("Z", "z") else match[8]
+    try:
+        moment = datetime.fromisoformat(iso + offset)
+    except ValueError as exc:
+        raise Problem("invalid_parameter", f"since is not a valid date-time: {exc}") from exc
+    fraction = float(match[7]) if match[7] else (0.999 if leap else 0.0)
+    return int(moment.timestamp() * 1000) + int(fraction * 1000)
+
+
+def _cursor_param(req: falcon.Request) -> str | None:
+    cursor = req.get_param("cursor")
+    if cursor is not None and not cursor:
+        raise Problem("invalid_cursor", "cursor must not be empty")
+    return cursor
+
+
+def inbox_item(row: Any) -> dict[str, Any]:
+    get = row.get if isinstance(row, dict) else lambda k: getattr(row, k)
+    meta = get("meta")
+    if isinstance(meta, str):
+        meta = json.loads(meta)
+    return {
+        "id": get("id"), "seq": get("seq"), "client_message_id": get("client_message_id"),
+        "broker_message_id": get("broker_message_id"), "mesh": get("mesh"), "topic": get("topic"),
+        "sender_pubkey": get("sender_pubkey"), "sender_name": get("sender_name"), "body": get("body"),
+        "meta": meta, "received_at": _iso(get("received_at")), "reply_to_id": get("reply_to_id"),
+    }
+
+
+class Events:
+    def __init__(self, ctx: DaemonContext, guard: Guard):
+        self.ctx = ctx
+        self.guard = guard
+
+    def on_get(self, req, resp):
+        raw = req.get_header("Last-Event-ID") or req.get_param("last_event_id")
+        last: int | None = None
+        if raw is not None:
+            if not re.fullmatch(r"[0-9]{1,18}", raw.strip()):
+                raise Problem("invalid_parameter", "Last-Event-ID must be a non-negative integer event id")
+            last = int(raw.strip())
+        stream = self.ctx.events.open_stream(last)  # raises Problem too_many_streams
+        self.guard.release(req)
+        resp.status = 200
+        resp.content_type = "text/event-stream; charset=utf-8"
+        resp.set_header("Cache-Control", "no-cache")
+        resp.set_header("X-Accel-Buffering", "no")
+        resp.stream = stream
+
+
+class Peers:
+    def __init__(self, ctx: DaemonContext):
+        self.ctx = ctx
+
+    def on_get(self, req, resp):
+        try:
+            peers = self.ctx.link.request_peers(float(self.ctx.config["broker"]["request_timeout_s"]))
+        except BrokerUnavailable as exc:
+            raise Problem("broker_unavailable", str(exc)) from exc
+        except BrokerTimeout as exc:
+            raise Problem("broker_timeout", str(exc)) from exc
+        _send_json(resp, 200, {"peers": peers})
+
+
+class Profile:
+    def __init__(self, ctx: DaemonContext):
+        self.ctx = ctx
+
+    def on_post(self, req, resp):
+        _no_writes_while_draining(self.ctx)
+        _require_json(req)
+        body = _json_object(_read_body(req, PROFILE_LIMIT))
+        frames = profile_frames(body)
+        try:
+            self.ctx.link.send_frames(frames)
+        except BrokerUnavailable as exc:
+            raise Problem("broker_unavailable", str(exc)) from exc
+        _send_json(resp, 200, {"ok": True, "applied": list(body)})
+
+
+def profile_frames(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """Validate a POST /v1/profile body and map it to set_* frames."""
+    if not body:
+        raise Problem("invalid_request", "name at least one of " + ", ".join(sorted(PROFILE_FIELDS)))
+    unknown = sorted(set(body) - PROFILE_FIELDS)
+    if unknown:
+        raise Problem("invalid_request", f"unknown member {unknown[0]!r}")
+    checks = {
+        "summary": lambda v: isinstance(v, str) and len(v) <= 1024,
+        "status": lambda v: v in ("idle", "working", "dnd"),
+        "visible": lambda v: isinstance(v, bool),
+        "avatar": lambda v: isinstance(v, str) and len(v) <= 2048,
+        "title": lambda v: isinstance(v, str) and len(v) <= 256,
+        "bio": lambda v: isinstance(v, str) and len(v) <= 4096,
+        "capabilities": lambda v: isinstance(v, list) and len(set(map(str, v))) == len(v)
+        and all(isinstance(c, str) and 1 <= len(c) <= 64 for c in v),
+    }
+    for name, value in body.items():
+        if not checks[name](value):
+            raise Problem("invalid_request", f"{name} has the wrong type or value",
+                          invalid_params=[{"name": name, "reason": "invalid"}])
+    frames = []
+    if "summary" in body:
+        frames.append({"type": "set_summary", "summary": body["summary"]})
+    if "status" in body:
+        frames.append({"type": "set_status", "status": body["status"]})
+    if "visible" in body:
+        frames.append({"type": "set_visible", "visible": body["visible"]})
+    rest = {k: body[k] for k in ("avatar", "title", "bio", "capabilities") if k in body}
+    if rest:
+        frames.append({"type": "set_profile", **rest})
+    return frames
+
+
+def outbox_item(row: Any) -> dict[str, Any]:
+    return {
+        "id": row.id, "client_message_id": row.client_message_id, "status": row.status, "attempts": row.attempts,
+        "enqueued_at": _iso(row.enqueued_at), "next_attempt_at": _iso(row.next_attempt_at),
+        "delivered_at": _iso(row.delivered_at), "broker_message_id": row.broker_message_id,
+        "history_id": row.history_id, "last_error": row.last_error, "aborted_at": _iso(row.aborted_at),
+        "aborted_by": row.aborted_by, "superseded_by": row.superseded_by,
+        "request_fingerprint": row.request_fingerprint.hex(), "payload_bytes": len(row.payload),
+    }
+
+
+class Outbox:
+    def __init__(self, ctx: DaemonContext):
+        self.ctx = ctx
+
+    def on_get(self, req, resp):
+        status = req.get_param("status")
+        if status is not None and status not in OUTBOX_STATUSES:
+            raise Problem("invalid_parameter", f"status must be one of {', '.join(OUTBOX_STATUSES)}")
+        limit = _int_param(req, "limit", 50, 1, 500)
+        try:
+            rows, next_cursor = self.ctx.outbox.list(status=status, limit=limit, cursor=_cursor_param(req))
+        except ValueError as exc:
+            raise Problem("invalid_cursor", str(exc)) from exc
+        _send_json(resp, 200, {"items": [outbox_item(r) for r in rows], "next_cursor": next_cursor})
+
+
+class Requeue:
+    def __init__(self, ctx: DaemonContext, requeue: Callable[..., dict[str, Any]]):
+        self.ctx = ctx
+        self.requeue = requeue
+
+    def on_post(self, req, resp):
+        _no_writes_while_draining(self.ctx)
+        _require_json(req)
+        body = _json_object(_read_body(req, REQUEUE_LIMIT))
+        unknown = sorted(set(body) - {"id", "new_client_message_id"})
+        if unknown:
+            raise Problem("invalid_request", f"unknown member {unknown[0]!r}")
+        if not isinstance(body.get("id"), str) or not ULID_TEXT.fullmatch(body["id"]):
+            raise Problem("invalid_request", "id must be an outbox row id (a ULID)",
+                          invalid_params=[{"name": "id", "reason": "ULID"}])
+        _send_json(resp, 200, self.requeue(body["id"], body.get("new_client_message_id"), "operator"))
+
+
+class AccessLog:
+    """Counts every request by route template, status and transport (cm_daemon_ipc_request_total)."""
+
+    def __init__(self, metrics: Any):
+        self.metrics = metrics
+
+    def process_request(self, req, resp):
+        req.context.started = time.perf_counter()
+
+    def process_response(self, req, resp, resource, req_succeeded):
+        if self.metrics is None:
+            return
+        endpoint = req.uri_template or "unmatched"
+        status = str(resp.status_code if hasattr(resp, "status_code") else resp.status)[:3]
+        elapsed = time.perf_counter() - getattr(req.context, "started", time.perf_counter())
+        self.metrics.ipc(endpoint, status, transport_of(req.env), elapsed)
+
+
+def create_app(ctx: DaemonContext, requeue: Callable[..., dict[str, Any]]) -> falcon.App:
+    """The IPC app: routes, the guard, the access counter and the single error serialiser."""
+    guard = Guard(ctx.token, int(ctx.config["ipc"]["max_inflight"]))
+    app = falcon.App(middleware=[AccessLog(ctx.metrics), guard], cors_enable=False)
+    app.req_options.auto_parse_qs_csv = False
+    app.req_options.strip_url_path_trailing_slash = False
+    problems.install(app)
+    app.add_route("/v1/version", Version(ctx))
+    app.add_route("/v1/health", Health(ctx))
+    app.add_route("/v1/compat", Compat())
+    app.add_route("/v1/metrics", Metrics(ctx))
+    app.add_route("/v1/send", Send(ctx))
+    app.add_route("/v1/inbox", Inbox(ctx))
+    app.add_route("/v1/events", Events(ctx, guard))
+    app.add_route("/v1/peers", Peers(ctx))
+    app.add_route("/v1/profile", Profile(ctx))
+    app.add_route("/v1/outbox", Outbox(ctx))
+    app.add_route("/v1/outbox/requeue", Requeue(ctx, requeue))
+    return app

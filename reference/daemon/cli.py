@@ -1,0 +1,459 @@
+"""`meshd` daemon commands: up, down, status, version, accept-host, outbox, send, install-service, uninstall-service.
+
+Human output uses rich tables; every listing also has ``--json`` for scripts. Exit codes follow E-15.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+from . import client, identity
+from .config import ConfigError, load
+
+CI_VARIABLES = ("CI", "GITHUB_ACTIONS", "GITLAB_CI", "BUILDKITE", "CIRCLECI", "JENKINS_URL")
+console = Console()
+err = Console(stderr=True)
+
+
+def default_state_dir(mesh: str = "default") -> Path:
+    env = os.environ.get("MESHD_STATE_DIR")
+    if env:
+        return Path(env)
+    return Path.home() / ".claudemesh" / "daemon" / mesh
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--state-dir", type=Path, default=None,
+                        help="state directory (default: $MESHD_STATE_DIR or ~/.claudemesh/daemon/<mesh>)")
+    parser.add_argument("--mesh", default="default", help="mesh slug (selects the default state directory)")
+
+
+def _state_dir(args: argparse.Namespace) -> Path:
+    return (args.state_dir or default_state_dir(args.mesh)).resolve()
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    values: dict[str, dict[str, Any]] = {}
+
+    def put(section: str, key: str, value: Any) -> None:
+        if value is not None:
+            values.setdefault(section, {})[key] = value
+
+    put("broker", "url", getattr(args, "broker_url", None))
+    put("broker", "mesh_id", getattr(args, "mesh_id", None))
+    put("ipc", "http_port", getattr(args, "port", None))
+    if getattr(args, "no_tcp", False):
+        put("ipc", "tcp_enabled", False)
+    put("trace", "dir", str(args.trace_dir) if getattr(args, "trace_dir", None) else None)
+    if getattr(args, "mesh", None) and args.mesh != "default":
+        put("daemon", "mesh", args.mesh)
+    return values
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from .runtime import PreflightError, Runtime, preflight
+    from .server import record_exit, serve
+
+    state_dir = _state_dir(args)
+    try:
+        config = load(args.config or state_dir / "config.toml", _overrides(args))
+    except ConfigError as exc:
+        err.print(f"meshd: invalid configuration: {exc}")
+        return 3
+    if args.detach:
+        return _detach(args, state_dir)
+    logging.basicConfig(level=config["daemon"]["log_level"], stream=sys.stderr,
+                        format='{"ts":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":%(message)r}')
+    try:
+        for note in preflight(state_dir, config):
+            logging.getLogger("meshd").info("%s", note)
+    except PreflightError as exc:
+        err.print(f"meshd: {exc}")
+        return exc.code
+    trace_dir = Path(config["trace"]["dir"]) if config["trace"]["dir"] else None
+
+    def build():
+        runtime = Runtime(state_dir, config, trace_dir, on_fatal=lambda code, reason: record_exit(state_dir, code,
+                                                                                                   reason))
+        return runtime.app, runtime
+
+    return serve(state_dir, config.values, build)
+
+
+def _detach(args: argparse.Namespace, state_dir: Path) -> int:
+    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "reference.cli", *[a for a in sys.argv[1:] if a != "--detach"]]
+    if "--state-dir" not in argv:
+        argv += ["--state-dir", str(state_dir)]
+    log = (state_dir / "daemon.log").open("ab")
+    process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            err.print(f"meshd: the daemon exited with {process.returncode}; see {state_dir / 'daemon.log'}")
+            return process.returncode or 1
+        if client.is_running(state_dir):
+            console.print(f"meshd running (pid {process.pid})\n  socket  {state_dir / 'daemon.sock'}")
+            port = state_dir / "http.port"
+            if port.exists():
+                console.print(f"  tcp     127.0.0.1:{port.read_text().strip()}\n  token   {state_dir / 'local_token'}")
+            return 0
+        time.sleep(0.1)
+    err.print("meshd: the daemon did not answer within 20 s")
+    return 1
+
+
+def _pid(state_dir: Path) -> int | None:
+    path = state_dir / "daemon.pid"
+    try:
+        pid = int(path.read_text().strip())
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return None
+    return pid
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    state_dir = _state_dir(args)
+    pid = _pid(state_dir)
+    if pid is None:
+        err.print("meshd: no daemon is running in " + str(state_dir))
+        return 1
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            console.print(f"meshd stopped (pid {pid})")
+            return 0
+        time.sleep(0.05)
+    err.print(f"meshd: pid {pid} did not stop within {args.timeout:g} s")
+    return 1
+
+
+def _get(state_dir: Path, path: str, **params: Any) -> dict[str, Any]:
+    response = client.call(state_dir, "GET", path, params=params or None)
+    if response.status_code >= 400:
+        raise SystemExit(_problem(response))
+    return response.json()
+
+
+def _problem(response: httpx.Response) -> int:
+    try:
+        body = response.json()
+        err.print(f"meshd: {response.status_code} {body.get('error')}: {body.get('detail')}")
+    except ValueError:
+        err.print(f"meshd: HTTP {response.status_code}")
+    return 1
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    state_dir = _state_dir(args)
+    if not client.is_running(state_dir):
+        if args.json:
+            print(json.dumps({"running": False, "state_dir": str(state_dir)}))
+        else:
+            err.print(f"meshd: not running ({state_dir})")
+        return 1
+    health = _get(state_dir, "/v1/health")
+    if args.json:
+        print(json.dumps({"running": True, **health}))
+        return 0
+    table = Table(title=f"meshd {health['daemon_version']} — {state_dir}")
+    table.add_column("")
+    table.add_column("")
+    for key in ("connected", "mesh", "member_pubkey", "queue_depth", "inflight", "uptime_s", "broker_version", "pid"):
+        table.add_row(key, str(health.get(key)))
+    console.print(table)
+    return 0
+
+
+def cmd_version(args: argparse.Namespace) -> int:
+    from spec import SPEC_VERSION
+
+    state_dir = _state_dir(args)
+    info: dict[str, Any] = {"meshd": SPEC_VERSION}
+    if client.is_running(state_dir):
+        info["daemon"] = _get(state_dir, "/v1/version")
+    print(json.dumps(info, indent=None if args.json else 2))
+    return 0
+
+
+def cmd_accept_host(args: argparse.Namespace) -> int:
+    state_dir = _state_dir(args)
+    config = load(state_dir / "config.toml")
+    fingerprint = identity.accept_host(state_dir, config["identity"]["host_id_override"],
+                                       config["identity"]["stable_mac_override"])
+    console.print(f"host fingerprint re-pinned: {fingerprint[:16]} (keypair kept)")
+    return 0
+
+
+OUTBOX_FILTERS = {"failed": "dead", "pending": "pending", "inflight": "inflight", "done": "done", "aborted": "aborted"}
+
+
+def _outbox_store(state_dir: Path):
+    from .runtime import policy_for
+    from .store import OutboxStore
+
+    return OutboxStore(state_dir / "outbox.db", policy_for(load(state_dir / "config.toml")))
+
+
+def cmd_outbox_list(args: argparse.Namespace) -> int:
+    from .app import outbox_item
+
+    state_dir = _state_dir(args)
+    status = next((OUTBOX_FILTERS[name] for name in OUTBOX_FILTERS if getattr(args, name)), None)
+    if not (state_dir / "outbox.db").exists():
+        err.print(f"meshd: no outbox in {state_dir}")
+        return 1
+    store = _outbox_store(state_dir)
+    try:
+        rows, _ = store.list(status=status, limit=args.limit)
+    finally:
+        store.close()
+    items = [outbox_item(row) for row in rows]
+    if args.json:
+        print(json.dumps(items, indent=2))
+        return 0
+    table = Table(title=f"outbox ({status or 'all'})")
+    for column in ("id", "client_message_id", "status", "attempts", "enqueued_at", "last_error", "superseded_by"):
+        table.add_column(column)
+    for item in items:
+        table.add_row(*(str(item[c] if item[c] is not None else "") for c in (
+            "id", "client_message_id", "status", "attempts", "enqueued_at", "last_error", "superseded_by")))
+    console.print(table)
+    return 0
+
+
+def cmd_outbox_requeue(args: argparse.Namespace) -> int:
+    from .problems import Problem
+    from .runtime import requeue
+
+    state_dir = _state_dir(args)
+    row_id = args.row_id or args.id
+    if not row_id:
+        err.print("meshd outbox requeue: give the outbox row id")
+        return 2
+    if client.is_running(state_dir):
+        body = {"id": row_id, **({"new_client_message_id": args.new_client_id} if args.new_client_id else {})}
+        response = client.call(state_dir, "POST", "/v1/outbox/requeue", json=body)
+        if response.status_code != 200:
+            return _problem(response)
+        result = response.json()
+    else:
+        store = _outbox_store(state_dir)
+        try:
+            result = requeue(store, row_id, args.new_client_id, "operator")
+        except Problem as exc:
+            err.print(f"meshd: {exc.code}: {exc.detail}")
+            return 1
+        finally:
+            store.close()
+    print(json.dumps(result) if args.json else
+          f"aborted {result['aborted_row_id']}; new row {result['new_row_id']} "
+          f"with client_message_id {result['new_client_message_id']}")
+    return 0
+
+
+def cmd_send(args: argparse.Namespace) -> int:
+    state_dir = _state_dir(args)
+    body: dict[str, Any] = {"to": args.to, "message": args.message, "priority": args.priority}
+    if args.meta:
+        body["meta"] = json.loads(args.meta)
+    if args.reply_to:
+        body["reply_to_id"] = args.reply_to
+    headers = {"Idempotency-Key": args.id} if args.id else {}
+    try:
+        response = client.call(state_dir, "POST", "/v1/send", json=body, headers=headers)
+    except httpx.HTTPError as exc:
+        err.print(f"meshd: cannot reach the daemon: {exc}")
+        return 1
+    if response.status_code >= 400:
+        return _problem(response)
+    print(json.dumps(response.json()))
+    return 0
+
+
+def systemd_unit(state_dir: Path) -> str:
+    """The systemd user unit (§9 hardening)."""
+    exe = Path(sys.executable).resolve()
+    return f"""[Unit]
+Description=meshd (claudemesh daemon v0.9.0 reference)
+After=network-online.target
+Wants=network-online.target
+StartLimitIntervalSec=300
+StartLimitBurst=5
+
+[Service]
+Type=simple
+ExecStart={exe} -m reference.cli up --state-dir {state_dir}
+Restart=on-failure
+RestartSec=5s
+# Exit codes that need a human, not a restart loop (E-15): config, host mismatch, outbox integrity, negotiation.
+RestartPreventExitStatus=3 4 5 10
+MemoryMax=256M
+TasksMax=128
+LimitNOFILE=4096
+NoNewPrivileges=true
+PrivateTmp=true
+ProtectSystem=strict
+ProtectHome=read-only
+ReadWritePaths={state_dir}
+StandardOutput=journal
+StandardError=journal
+
+[Install]
+WantedBy=default.target
+"""
+
+
+def launchd_plist(state_dir: Path) -> str:
+    exe = Path(sys.executable).resolve()
+    return f"""<?xml version="1.0" encoding="UTF-8"?>
+<!DOCTYPE plist PUBLIC "-//Apple//DTD PLIST 1.0//EN" "http://www.apple.com/DTDs/PropertyList-1.0.dtd">
+<plist version="1.0">
+<dict>
+  <key>Label</key><string>dev.meshspec.meshd</string>
+  <key>ProgramArguments</key>
+  <array><string>{exe}</string><string>-m</string><string>reference.cli</string><string>up</string>
+    <string>--state-dir</string><string>{state_dir}</string></array>
+  <key>RunAtLoad</key><true/>
+  <key>KeepAlive</key><dict><key>SuccessfulExit</key><false/></dict>
+  <key>StandardOutPath</key><string>{state_dir}/daemon.log</string>
+  <key>StandardErrorPath</key><string>{state_dir}/daemon.log</string>
+</dict>
+</plist>
+"""
+
+
+def _service_path(kind: str) -> Path:
+    if kind == "launchd":
+        return Path.home() / "Library" / "LaunchAgents" / "dev.meshspec.meshd.plist"
+    return Path.home() / ".config" / "systemd" / "user" / "meshd.service"
+
+
+def cmd_install_service(args: argparse.Namespace) -> int:
+    state_dir = _state_dir(args)
+    kind = args.kind or ("launchd" if sys.platform == "darwin" else "systemd")
+    text = launchd_plist(state_dir) if kind == "launchd" else systemd_unit(state_dir)
+    if args.dry_run:
+        print(text, end="")
+        return 0
+    if any(os.environ.get(name) for name in CI_VARIABLES) and not args.force:
+        err.print("meshd: refusing to install a persistent service in CI (pass --force to override)")
+        return 2
+    path = _service_path(kind)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    console.print(f"wrote {path}")
+    if args.no_start:
+        return 0
+    commands = ([["launchctl", "bootstrap", f"gui/{os.getuid()}", str(path)]] if kind == "launchd" else
+                [["systemctl", "--user", "daemon-reload"], ["systemctl", "--user", "enable", "--now", "meshd.service"]])
+    for command in commands:
+        result = subprocess.run(command, check=False)
+        if result.returncode != 0:
+            err.print(f"meshd: {' '.join(command)} failed ({result.returncode})")
+            return 1
+    return 0
+
+
+def cmd_uninstall_service(args: argparse.Namespace) -> int:
+    kind = args.kind or ("launchd" if sys.platform == "darwin" else "systemd")
+    path = _service_path(kind)
+    if not args.no_start:
+        command = (["launchctl", "bootout", f"gui/{os.getuid()}", str(path)] if kind == "launchd" else
+                   ["systemctl", "--user", "disable", "--now", "meshd.service"])
+        subprocess.run(command, check=False)
+    if path.exists():
+        path.unlink()
+        console.print(f"removed {path}")
+    return 0
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    """Register the daemon commands on the top-level `meshd` parser."""
+    up = sub.add_parser("up", help="run the daemon (foreground unless --detach)")
+    _common(up)
+    up.add_argument("--config", type=Path, help="config.toml (default: <state-dir>/config.toml)")
+    up.add_argument("--broker-url", help="broker WebSocket URL (broker.url)")
+    up.add_argument("--mesh-id", help="mesh id at the broker (broker.mesh_id)")
+    up.add_argument("--port", type=int, help="TCP port (0 picks one)")
+    up.add_argument("--no-tcp", action="store_true", help="unix socket only")
+    up.add_argument("--trace-dir", type=Path, help="write JSONL trace events here")
+    up.add_argument("--detach", action="store_true", help="start in the background and return once it answers")
+    up.set_defaults(func=cmd_up)
+
+    down = sub.add_parser("down", help="stop the daemon (SIGTERM, bounded drain)")
+    _common(down)
+    down.add_argument("--timeout", type=float, default=15.0)
+    down.set_defaults(func=cmd_down)
+
+    for name, func, text in (("status", cmd_status, "is the daemon running, and how is it"),
+                             ("version", cmd_version, "meshd and daemon versions")):
+        parser = sub.add_parser(name, help=text)
+        _common(parser)
+        parser.add_argument("--json", action="store_true")
+        parser.set_defaults(func=func)
+
+    accept = sub.add_parser("accept-host", help="re-pin the host fingerprint to this machine, keeping the keypair")
+    _common(accept)
+    accept.set_defaults(func=cmd_accept_host)
+
+    outbox = sub.add_parser("outbox", help="inspect and recover the outbox")
+    outbox_sub = outbox.add_subparsers(dest="outbox_command", required=True)
+    listing = outbox_sub.add_parser("list", help="list outbox rows")
+    _common(listing)
+    group = listing.add_mutually_exclusive_group()
+    for name in OUTBOX_FILTERS:
+        group.add_argument(f"--{name}", action="store_true",
+                           help=f"only {OUTBOX_FILTERS[name]} rows" if name != "failed" else "only dead rows")
+    listing.add_argument("--limit", type=int, default=50)
+    listing.add_argument("--json", action="store_true")
+    listing.set_defaults(func=cmd_outbox_list)
+    requeue = outbox_sub.add_parser("requeue", help="retire a dead or pending row and retry it under a fresh id")
+    _common(requeue)
+    requeue.add_argument("row_id", nargs="?", help="the outbox row id")
+    requeue.add_argument("--id", help="alias of the positional row id (§4.5.3 spelling)")
+    fresh = requeue.add_mutually_exclusive_group()
+    fresh.add_argument("--new-client-id", help="the new client_message_id")
+    fresh.add_argument("--auto", action="store_true", help="mint a ULID (the default)")
+    requeue.add_argument("--json", action="store_true")
+    requeue.set_defaults(func=cmd_outbox_requeue)
+
+    send = sub.add_parser("send", help="POST /v1/send through the running daemon")
+    _common(send)
+    send.add_argument("--to", required=True)
+    send.add_argument("--message", required=True)
+    send.add_argument("--priority", default="next", choices=["now", "next", "low"])
+    send.add_argument("--meta", help="a JSON object")
+    send.add_argument("--reply-to")
+    send.add_argument("--id", help="Idempotency-Key")
+    send.set_defaults(func=cmd_send)
+
+    install = sub.add_parser("install-service", help="install a systemd user unit or launchd agent")
+    _common(install)
+    install.add_argument("--kind", choices=["systemd", "launchd"])
+    install.add_argument("--dry-run", action="store_true", help="print the unit and change nothing")
+    install.add_argument("--force", action="store_true", help="install even in CI")
+    install.add_argument("--no-start", action="store_true", help="write the unit but do not enable it")
+    install.set_defaults(func=cmd_install_service)
+    uninstall = sub.add_parser("uninstall-service", help="disable and remove the service unit")
+    _common(uninstall)
+    uninstall.add_argument("--kind", choices=["systemd", "launchd"])
+    uninstall.add_argument("--no-start", action="store_true", help="only remove the file")
+    uninstall.set_defaults(func=cmd_uninstall_service)

@@ -1,0 +1,151 @@
+"""The daemon's configuration: `config.toml` in the state directory, read with tomllib.
+
+Every key, its default and its meaning is in ``KEYS`` (the README's configuration table is generated from it, so
+the two cannot drift). Unknown sections or keys are an error, not a silent no-op.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """The configuration cannot be used; the daemon exits 3 (E-15)."""
+
+
+# section -> key -> (default, type, description)
+KEYS: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
+    "daemon": {
+        "mesh": ("default", str, "mesh slug this daemon serves (one daemon per mesh and state directory)"),
+        "display_name": ("", str, "name announced to peers in hello"),
+        "log_level": ("INFO", str, "DEBUG, INFO, WARNING or ERROR; SIGHUP re-reads it"),
+        "drain_timeout_s": (5.0, (int, float), "how long SIGTERM waits for outstanding acks (E-15)"),
+    },
+    "broker": {
+        "url": ("", str, "broker WebSocket URL, e.g. ws://127.0.0.1:7900"),
+        "mesh_id": ("", str, "mesh id the broker knows this mesh by"),
+        "member_id": ("", str, "member id; defaults to the member public key"),
+        "hello_timeout_s": (5.0, (int, float), "how long to wait for hello_ack and the negotiation response"),
+        "request_timeout_s": (5.0, (int, float), "how long GET /v1/peers waits for peers_list"),
+    },
+    "ipc": {
+        "tcp_enabled": (True, bool, "also listen on TCP (bearer token required)"),
+        "http_bind": ("127.0.0.1", str, "TCP bind address; non-loopback needs allow_non_loopback = true"),
+        "http_port": (0, int, "TCP port; 0 picks a free one and writes it to http.port"),
+        "allow_non_loopback": (False, bool, "permit a non-loopback http_bind (not recommended)"),
+        "max_body_bytes": (1_048_576, int, "POST /v1/send body limit (413 above)"),
+        "max_inflight": (64, int, "requests in flight before 429 daemon_busy"),
+        "max_streams": (32, int, "concurrent /v1/events streams before 429 too_many_streams"),
+        "keepalive_s": (15.0, (int, float), "SSE keepalive comment interval"),
+        "threads": (128, int, "gunicorn gthread worker threads (must exceed max_inflight + max_streams)"),
+    },
+    "outbox": {
+        "max_age_hours": (168, int, "permanent-mode max age (capped at 720); retention_scoped mode derives it (§4.9)"),
+        "max_age_hours_override": (0, int, "operator override; 0 = none; must stay inside the dedupe window"),
+        "retry_base_ms": (500, int, "first retry delay"),
+        "retry_max_ms": (30_000, int, "retry delay cap"),
+        "retry_jitter": (0.25, (int, float), "± fraction of jitter on every retry delay"),
+        "ack_timeout_s": (15.0, (int, float), "how long an inflight row waits for its ack"),
+        "synchronous": ("FULL", str, "SQLite synchronous mode for outbox.db: FULL (default) or EXTRA"),
+        "group_commit_ms": (0.0, (int, float),
+                            "extra wait to gather accepts into one commit (0: those queued during the previous one)"),
+    },
+    "inbox": {
+        "retention_days": (30, int, "inbox and event retention"),
+        "event_retention": (100_000, int, "events kept for Last-Event-ID replay"),
+    },
+    "reconnect": {
+        "initial_ms": (500, int, "first reconnect delay"),
+        "max_ms": (30_000, int, "reconnect delay cap"),
+        "multiplier": (2.0, (int, float), "backoff multiplier"),
+        "jitter": (0.25, (int, float), "± fraction of jitter"),
+    },
+    "features": {
+        "require": (["client_message_id_dedupe", "concurrent_connection_policy"], list, "bits the broker must offer"),
+        "optional": (["member_keypair_rotated_event", "key_epoch", "max_payload"], list, "bits taken if offered"),
+    },
+    "identity": {
+        "host_id_override": ("", str, "use this host_id instead of /etc/machine-id (host_fingerprint.id_override)"),
+        "stable_mac_override": ("", str, "use this MAC instead of the first stable interface"),
+    },
+    "trace": {
+        "dir": ("", str, "write JSONL trace events here (also --trace-dir)"),
+    },
+}
+
+
+@dataclass(frozen=True)
+class Config:
+    """The merged configuration: ``values[section][key]``."""
+
+    values: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def __getitem__(self, section: str) -> dict[str, Any]:
+        return self.values[section]
+
+
+def defaults() -> dict[str, dict[str, Any]]:
+    return {section: {key: spec[0] for key, spec in keys.items()} for section, keys in KEYS.items()}
+
+
+def load(path: Path | None, overrides: dict[str, dict[str, Any]] | None = None) -> Config:
+    """Defaults, then ``path`` (if it exists), then ``overrides``; every value type-checked.
+
+    Raises:
+        ConfigError: unreadable TOML, an unknown section or key, or a value of the wrong type.
+    """
+    values = defaults()
+    layers: list[tuple[str, dict[str, Any]]] = []
+    if path is not None and path.exists():
+        try:
+            layers.append((str(path), tomllib.loads(path.read_text(encoding="utf-8"))))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{path}: {exc}") from exc
+    if overrides:
+        layers.append(("command line", overrides))
+    for origin, layer in layers:
+        for section, entries in layer.items():
+            if section not in KEYS or not isinstance(entries, dict):
+                raise ConfigError(f"{origin}: unknown section [{section}]")
+            for key, value in entries.items():
+                if key not in KEYS[section]:
+                    raise ConfigError(f"{origin}: unknown key {section}.{key}")
+                expected = KEYS[section][key][1]
+                if isinstance(value, bool) and expected is not bool:
+                    raise ConfigError(f"{origin}: {section}.{key} must be {_name(expected)}, not a boolean")
+                if not isinstance(value, expected):
+                    raise ConfigError(f"{origin}: {section}.{key} must be {_name(expected)}")
+                values[section][key] = value
+    _validate(values)
+    return Config(values)
+
+
+def _name(expected: type | tuple[type, ...]) -> str:
+    types = expected if isinstance(expected, tuple) else (expected,)
+    return " or ".join(t.__name__ for t in types)
+
+
+def _validate(values: dict[str, dict[str, Any]]) -> None:
+    ipc = values["ipc"]
+    if ipc["threads"] <= ipc["max_inflight"] + ipc["max_streams"]:
+        raise ConfigError("ipc.threads must exceed ipc.max_inflight + ipc.max_streams")
+    if values["outbox"]["synchronous"] not in ("FULL", "EXTRA"):
+        raise ConfigError("outbox.synchronous must be FULL or EXTRA (a 202 follows an fsync of its row)")
+    if values["daemon"]["log_level"] not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise ConfigError("daemon.log_level must be DEBUG, INFO, WARNING or ERROR")
+    for key in ("max_body_bytes", "max_inflight", "max_streams", "retry_base_ms", "retry_max_ms"):
+        section = "ipc" if key.startswith("max_") else "outbox"
+        if values[section][key] < 1:
+            raise ConfigError(f"{section}.{key} must be at least 1")
+
+
+def markdown_table() -> str:
+    """The configuration reference, for the README."""
+    lines = ["| key | default | meaning |", "|---|---|---|"]
+    for section, keys in KEYS.items():
+        for key, (default, _, text) in keys.items():
+            lines.append(f"| `{section}.{key}` | `{default!r}` | {text} |")
+    return "\n".join(lines)

@@ -1,0 +1,110 @@
+"""Server-sent events (E-13): persisted first, streamed second, replayed after Last-Event-ID.
+
+``publish`` appends the event to inbox.db (its id is the SSE id) and wakes every open stream; a stream replays what
+it missed from the table, so a client that reconnects with Last-Event-ID sees every retained event after it, in
+order, at least once. Streams count against ``max_streams`` (429 too_many_streams above it), not against the
+request in-flight cap.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from .problems import Problem
+
+
+class EventBus:
+    """Publishes events through the inbox store and feeds the SSE streams."""
+
+    def __init__(self, inbox: Any, max_streams: int = 32, keepalive_s: float = 15.0, trace: Any = None,
+                 batch: int = 500):
+        self.inbox = inbox
+        self.max_streams = max_streams
+        self.keepalive_s = keepalive_s
+        self.trace = trace
+        self.batch = batch
+        self._cond = threading.Condition()
+        self._streams = 0
+        self._closed = False
+
+    def publish(self, name: str, payload: dict[str, Any]) -> int:
+        """Persist one event and wake the streams; returns its id."""
+        event_id = self.inbox.append_event(name, payload)
+        self.notify(event_id, name)
+        return event_id
+
+    def notify(self, event_id: int, name: str) -> None:
+        """Wake the streams for an event that is already persisted (e.g. by the inbox insert's transaction)."""
+        if self.trace is not None:
+            self.trace.emit("sse_event", event_id=event_id, event=name)
+        with self._cond:
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    @property
+    def streams(self) -> int:
+        return self._streams
+
+    def open_stream(self, last_event_id: int | None) -> Iterator[bytes]:
+        """Reserve a stream slot and return its body iterator (raises Problem too_many_streams)."""
+        with self._cond:
+            if self._streams >= self.max_streams:
+                problem = Problem("too_many_streams", f"at most {self.max_streams} event streams at once")
+                problem.headers["Retry-After"] = "5"
+                raise problem
+            self._streams += 1
+        start = self.inbox.last_event_id() if last_event_id is None else last_event_id
+        return self._stream(start, last_event_id is not None)
+
+    def _stream(self, after: int, replaying: bool) -> Iterator[bytes]:
+        try:
+            yield b": connected\n\n"
+            if replaying:
+                oldest = self.inbox.oldest_event_id()
+                if oldest is None:  # nothing retained: the next event gets the next id
+                    oldest = self.inbox.last_event_id() + 1
+                if after < oldest - 1:
+                    gap = {"requested_after": after, "oldest_available": oldest, "ts": _now_iso()}
+                    yield format_event(None, "replay_gap", gap)
+            cursor = after
+            last_write = time.monotonic()
+            while not self._closed:
+                rows = self.inbox.events_after(cursor, self.batch)
+                if rows:
+                    for event in rows:
+                        cursor = event.id
+                        yield format_event(event.id, event.name, event.payload)
+                    last_write = time.monotonic()
+                    continue
+                with self._cond:
+                    if self._closed:
+                        break
+                    wait = self.keepalive_s - (time.monotonic() - last_write)
+                    if wait > 0:
+                        self._cond.wait(timeout=min(wait, 1.0))
+                if time.monotonic() - last_write >= self.keepalive_s:
+                    yield b": keepalive\n\n"
+                    last_write = time.monotonic()
+        finally:
+            with self._cond:
+                self._streams -= 1
+
+
+def format_event(event_id: int | None, name: str, payload: dict[str, Any] | str) -> bytes:
+    """One SSE event: id (when persisted), event name, one line of JSON data."""
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
+    head = f"id: {event_id}\n" if event_id is not None else ""
+    return f"{head}event: {name}\ndata: {data}\n\n".encode()
+
+
+def _now_iso() -> str:
+    now = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"

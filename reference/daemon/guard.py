@@ -1,0 +1,120 @@
+"""Transport security and limits for every IPC request (§3.2, §3.4).
+
+Order of checks: Host over TCP (403 forbidden_host), Origin (403 forbidden_origin), token in the query string (400
+token_in_query), bearer token over TCP (401, compared in constant time), then the in-flight cap (429 daemon_busy).
+Requests over the unix socket skip the Host and bearer checks (E-27): no browser can reach a unix socket, its 0600
+mode is the gate, and unix-socket clients put arbitrary names in Host.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import logging
+import threading
+
+import falcon
+
+from .problems import Problem
+
+log = logging.getLogger("meshd.ipc")
+LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+QUERY_TOKEN_NAMES = frozenset({"token", "access_token", "local_token"})
+UNIX = "unix"
+TCP = "tcp"
+
+
+def transport_of(env: dict) -> str:
+    """`unix` for requests that arrived on the unix socket, `tcp` otherwise (set by the server, see server.py)."""
+    return env.get("meshd.transport", TCP)
+
+
+def host_is_loopback(host: str | None) -> bool:
+    """True for an empty Host or a loopback name, with or without a port (``[::1]:8080`` included)."""
+    if not host:
+        return True
+    host = host.strip().lower()
+    if host.startswith("["):
+        end = host.find("]")
+        if end < 0:
+            return False
+        name = host[1:end]
+        rest = host[end + 1:]
+        if rest and not (rest.startswith(":") and rest[1:].isdigit()):
+            return False
+    else:
+        name, _, port = host.partition(":")
+        if port and not port.isdigit():
+            return False
+    if name in LOOPBACK_HOSTS:
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+class Guard:
+    """Falcon middleware enforcing §3.2 and the in-flight cap."""
+
+    def __init__(self, token: str, max_inflight: int, public_paths: frozenset[str] = frozenset()):
+        self._token = token.encode()
+        self._max_inflight = max_inflight
+        self._inflight = 0
+        self._lock = threading.Lock()
+        self._public_paths = public_paths
+
+    def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
+        req.context.counted = False
+        tcp = transport_of(req.env) == TCP
+        if tcp and not host_is_loopback(req.get_header("Host")):
+            raise Problem("forbidden_host", "the Host header must be localhost, 127.0.0.1 or [::1]")
+        if req.get_header("Origin") is not None:
+            raise Problem("forbidden_origin", "requests from browser origins are refused")
+        if QUERY_TOKEN_NAMES & set(req.params):
+            log.warning("ipc_token_in_query_string_rejected path=%s", req.path)
+            raise Problem("token_in_query", "send the token in the Authorization header, never in the URL")
+        if tcp and req.path not in self._public_paths:
+            self._check_bearer(req.get_header("Authorization"))
+        if req.method == "OPTIONS":
+            problem = Problem("method_not_allowed", "no CORS: OPTIONS is not served")
+            problem.headers["Allow"] = "GET, POST"
+            raise problem
+
+    def process_resource(self, req: falcon.Request, resp: falcon.Response, resource, params) -> None:
+        with self._lock:
+            if self._inflight >= self._max_inflight:
+                problem = Problem("daemon_busy", f"more than {self._max_inflight} requests in flight")
+                problem.headers["Retry-After"] = "1"
+                raise problem
+            self._inflight += 1
+            req.context.counted = True
+
+    def _check_bearer(self, header: str | None) -> None:
+        scheme, _, presented = (header or "").partition(" ")
+        if not header:
+            problem = Problem("missing_bearer_token", "over TCP every route needs Authorization: Bearer <local_token>")
+        elif scheme.lower() != "bearer" or not presented.strip():
+            problem = Problem("missing_bearer_token", "the Authorization header must use the Bearer scheme")
+        elif not hmac.compare_digest(presented.strip().encode(), self._token):
+            log.warning("ipc_bearer_mismatch")
+            problem = Problem("invalid_bearer_token", "the bearer token does not match local_token")
+        else:
+            return
+        problem.headers["WWW-Authenticate"] = 'Bearer realm="meshd"'
+        raise problem
+
+    def release(self, req: falcon.Request) -> None:
+        """Free the request's in-flight slot (idempotent)."""
+        if getattr(req.context, "counted", False):
+            req.context.counted = False
+            with self._lock:
+                self._inflight -= 1
+
+    def process_response(self, req: falcon.Request, resp: falcon.Response, resource, req_succeeded: bool) -> None:
+        # An event stream has already released its slot (it counts against max_streams instead); release is idempotent.
+        self.release(req)
+
+    @property
+    def inflight(self) -> int:
+        return self._inflight

@@ -1,0 +1,179 @@
+"""Identity on disk (§2): the host fingerprint, the member keypair and the local IPC token.
+
+host_fingerprint.json = {schema_version: 1, fingerprint: sha256(host_id 0x00 stable_mac) hex, host_id, stable_mac,
+written_at}. host_id is "linux:<machine-id>" from /etc/machine-id, then /var/lib/dbus/machine-id, else "". The stable
+MAC is the lexically first interface that is not loopback or virtual and not all-zero. The fingerprint is written at
+first start and frozen; a mismatch refuses to start (exit 4) until `meshd accept-host` re-pins it.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import re
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
+
+FINGERPRINT_FILE = "host_fingerprint.json"
+KEYPAIR_FILE = "keypair.json"
+TOKEN_FILE = "local_token"
+VIRTUAL_INTERFACE = re.compile(r"^(lo|docker|br-|veth|tap|tun|tailscale|wg|utun|ppp|vboxnet|vmnet|awdl|llw|virbr)")
+MACHINE_ID_FILES = (Path("/etc/machine-id"), Path("/var/lib/dbus/machine-id"))
+
+
+class HostMismatch(Exception):
+    """The stored host fingerprint differs from this machine's; the daemon exits 4."""
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write ``data`` atomically with mode 0600 (temp file + fsync + rename)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    os.chmod(path, 0o600)
+
+
+def read_host_id(override: str = "") -> str:
+    if override:
+        return override
+    for candidate in MACHINE_ID_FILES:
+        try:
+            value = candidate.read_text(encoding="ascii").strip()
+        except OSError:
+            continue
+        if value:
+            return f"linux:{value}"
+    return ""
+
+
+def read_stable_mac(override: str = "", net_dir: Path = Path("/sys/class/net")) -> str:
+    if override:
+        return override.lower()
+    try:
+        names = sorted(os.listdir(net_dir))
+    except OSError:
+        return ""
+    for name in names:
+        if VIRTUAL_INTERFACE.match(name):
+            continue
+        try:
+            mac = (net_dir / name / "address").read_text(encoding="ascii").strip().lower()
+        except OSError:
+            continue
+        if mac and mac.replace(":", "").strip("0"):
+            return mac
+    return ""
+
+
+def host_fingerprint(host_id: str, stable_mac: str) -> str:
+    return hashlib.sha256(f"{host_id}\x00{stable_mac}".encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class HostCheck:
+    """The outcome of comparing the stored host fingerprint with this machine."""
+
+    result: str  # first_run | match
+    fingerprint: str
+
+
+def check_host(state_dir: Path, host_id_override: str = "", mac_override: str = "") -> HostCheck:
+    """Write the fingerprint on first run, compare it afterwards.
+
+    Raises:
+        HostMismatch: with both host ids, so the operator can tell a hardware move from a clone.
+    """
+    host_id, mac = read_host_id(host_id_override), read_stable_mac(mac_override)
+    current = host_fingerprint(host_id, mac)
+    path = state_dir / FINGERPRINT_FILE
+    if not path.exists():
+        pin_host(state_dir, host_id, mac)
+        return HostCheck("first_run", current)
+    try:
+        stored = json.loads(path.read_text(encoding="utf-8"))
+        pinned = stored["fingerprint"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise HostMismatch(f"{path} is unreadable ({exc}); run `meshd accept-host` to re-pin this host") from exc
+    if pinned != current:
+        raise HostMismatch(
+            f"host fingerprint mismatch: stored host_id={stored.get('host_id')!r} mac={stored.get('stable_mac')!r}, "
+            f"this machine host_id={host_id!r} mac={mac!r}. If this is the same member moved to new hardware, run "
+            "`meshd accept-host`; if this state directory was copied to another machine, give it a new identity."
+        )
+    return HostCheck("match", current)
+
+
+def pin_host(state_dir: Path, host_id: str, mac: str) -> str:
+    fingerprint = host_fingerprint(host_id, mac)
+    document = {
+        "schema_version": 1,
+        "fingerprint": fingerprint,
+        "host_id": host_id,
+        "stable_mac": mac,
+        "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    write_private(state_dir / FINGERPRINT_FILE, (json.dumps(document, indent=2) + "\n").encode())
+    return fingerprint
+
+
+def accept_host(state_dir: Path, host_id_override: str = "", mac_override: str = "") -> str:
+    """Re-pin the host fingerprint to this machine, keeping the keypair (`meshd accept-host`)."""
+    return pin_host(state_dir, read_host_id(host_id_override), read_stable_mac(mac_override))
+
+
+@dataclass(frozen=True)
+class Keypair:
+    """The member ed25519 keypair."""
+
+    private: Ed25519PrivateKey
+
+    @property
+    def public_hex(self) -> str:
+        return self.private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw).hex()
+
+    def sign(self, data: bytes) -> str:
+        return self.private.sign(data).hex()
+
+
+def load_or_mint_keypair(state_dir: Path) -> tuple[Keypair, bool]:
+    """Load keypair.json, or mint one (0600) on first start. Returns (keypair, minted)."""
+    path = state_dir / KEYPAIR_FILE
+    if path.exists():
+        document = json.loads(path.read_text(encoding="utf-8"))
+        seed = bytes.fromhex(document["ed25519_seed"])
+        return Keypair(Ed25519PrivateKey.from_private_bytes(seed)), False
+    private = Ed25519PrivateKey.generate()
+    seed = private.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
+    keypair = Keypair(private)
+    document = {"schema_version": 1, "ed25519_seed": seed.hex(), "ed25519_pubkey": keypair.public_hex}
+    write_private(path, (json.dumps(document, indent=2) + "\n").encode())
+    return keypair, True
+
+
+def load_or_mint_token(state_dir: Path) -> str:
+    """The local IPC token: 32 random bytes, base64url without padding, in local_token (0600)."""
+    path = state_dir / TOKEN_FILE
+    if path.exists():
+        token = path.read_text(encoding="ascii").strip()
+        if token:
+            return token
+    token = base64.urlsafe_b64encode(secrets.token_bytes(32)).rstrip(b"=").decode("ascii")
+    write_private(path, (token + "\n").encode("ascii"))
+    return token
+
+
+def hello_signature_payload(mesh_id: str, member_id: str, pubkey: str, timestamp: int) -> bytes:
+    """What the hello signature covers: `meshId|memberId|pubkey|timestamp` (upstream wire format)."""
+    return f"{mesh_id}|{member_id}|{pubkey}|{timestamp}".encode()

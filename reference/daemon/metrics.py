@@ -1,0 +1,64 @@
+"""Prometheus metrics (§10): the cm_daemon_* families, one registry per daemon."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+
+class DaemonMetrics:
+    """Counters the daemon bumps, plus gauges read from the stores at scrape time."""
+
+    def __init__(self, outbox: Any = None, link: Any = None):
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.counters = {
+            "send_total": Counter("cm_daemon_send_total", "send frames dispatched to the broker", registry=r),
+            "recv_total": Counter("cm_daemon_recv_total", "inbound messages received", registry=r),
+            "reconnects_total": Counter("cm_daemon_reconnects_total", "broker reconnects", registry=r),
+            "invalid_inbound_total": Counter("cm_daemon_invalid_inbound_total", "inbound frames refused", registry=r),
+            "dedupe_history_pruned_total": Counter(
+                "cm_daemon_dedupe_history_pruned_total", "200 duplicates whose history was pruned", registry=r),
+        }
+        self.dedupe = Counter("cm_daemon_dedupe_total", "deduplicated messages", ["direction"], registry=r)
+        self.connected = Gauge("cm_daemon_connected", "1 while the broker link is open", registry=r)
+        self.requests = Counter("cm_daemon_ipc_request_total", "IPC requests", ["endpoint", "status", "transport"],
+                                registry=r)
+        self.duration = Histogram("cm_daemon_ipc_duration_seconds", "IPC request duration", ["endpoint"], registry=r)
+        self.outbox = outbox
+        self.link = link
+        r.register(_StoreCollector(self))
+
+    def record(self, name: str, value: float | None = None, **labels: str) -> None:
+        """Bump a counter (or set the connected gauge)."""
+        if name == "connected":
+            self.connected.set(value or 0)
+        elif name == "dedupe_total":
+            self.dedupe.labels(**labels).inc()
+        else:
+            self.counters[name].inc(value or 1)
+
+    def ipc(self, endpoint: str, status: str, transport: str, seconds: float) -> None:
+        self.requests.labels(endpoint, status, transport).inc()
+        self.duration.labels(endpoint).observe(seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _StoreCollector:
+    def __init__(self, metrics: DaemonMetrics):
+        self.metrics = metrics
+
+    def collect(self):
+        depth = GaugeMetricFamily("cm_daemon_outbox_depth", "outbox rows by status", labels=["status"])
+        if self.metrics.outbox is not None:
+            counts = self.metrics.outbox.counts()
+            for status in ("pending", "inflight", "done", "dead", "aborted"):
+                depth.add_metric([status], counts.get(status, 0))
+        yield depth
+        if self.metrics.link is not None and self.metrics.link.state.lag_ms is not None:
+            lag = self.metrics.link.state.lag_ms
+            yield GaugeMetricFamily("cm_daemon_lag_ms", "ack round trip of the last send", value=lag)

@@ -1,0 +1,262 @@
+"""The daemon's process wiring: preflight in the gunicorn master, the runtime in the worker.
+
+``preflight`` runs before anything listens and exits with the E-15 codes: 6 when another daemon holds the state
+directory, 4 on a host fingerprint mismatch, 5 when outbox.db fails its integrity check, 3 on bad configuration. It
+also performs crash recovery (§4.11): inflight rows return to pending, a corrupt inbox.db is quarantined.
+``Runtime`` is built in the worker: stores, event bus, metrics, group committer, broker link and the IPC app.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import ipaddress
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ulid import ULID
+
+from reference.core import OutboxPolicy
+from reference.trace import TraceWriter
+
+from . import identity
+from .app import DaemonContext, create_app
+from .committer import GroupCommitter
+from .config import Config
+from .events import EventBus
+from .link import BrokerLink
+from .metrics import DaemonMetrics
+from .problems import Problem
+from .store import (
+    InboxMessage,
+    InboxRow,
+    InboxStore,
+    NewIdInUse,
+    OutboxCorrupt,
+    OutboxRowNotFound,
+    OutboxStore,
+    SchemaTooNew,
+)
+
+log = logging.getLogger("meshd")
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_CONFIG, EXIT_HOST, EXIT_OUTBOX, EXIT_LOCKED = 0, 1, 2, 3, 4, 5, 6
+_LOCKS: list[Any] = []
+
+
+class PreflightError(Exception):
+    """The daemon cannot start; ``code`` is the exit code."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+def policy_for(config: Config | dict) -> OutboxPolicy:
+    outbox = config["outbox"]
+    return OutboxPolicy(retry_base_ms=int(outbox["retry_base_ms"]), retry_max_ms=int(outbox["retry_max_ms"]),
+                        jitter=float(outbox["retry_jitter"]),
+                        max_age_hours=int(outbox["max_age_hours_override"] or min(outbox["max_age_hours"], 720)))
+
+
+def lock_state_dir(state_dir: Path) -> None:
+    """Hold an exclusive lock on the state directory for this process and its worker (one daemon per directory)."""
+    handle = (state_dir / "daemon.lock").open("a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as exc:
+        handle.close()
+        pid = (state_dir / "daemon.pid").read_text().strip() if (state_dir / "daemon.pid").exists() else "?"
+        raise PreflightError(EXIT_LOCKED, f"another daemon (pid {pid}) is running in {state_dir}") from exc
+    _LOCKS.append(handle)
+    (state_dir / "daemon.pid").write_text(f"{os.getpid()}\n", encoding="ascii")
+
+
+def preflight(state_dir: Path, config: Config) -> list[str]:
+    """Checks and recovery before serving; returns log lines describing what was done."""
+    notes: list[str] = []
+    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(state_dir, 0o700)
+    bind = config["ipc"]["http_bind"]
+    try:
+        loopback = ipaddress.ip_address(bind).is_loopback
+    except ValueError:
+        loopback = bind == "localhost"
+    if config["ipc"]["tcp_enabled"] and not loopback and not config["ipc"]["allow_non_loopback"]:
+        raise PreflightError(EXIT_CONFIG, f"ipc.http_bind {bind!r} is not loopback; set ipc.allow_non_loopback = true "
+                             "to expose the daemon beyond this machine")
+    lock_state_dir(state_dir)
+    try:
+        check = identity.check_host(state_dir, config["identity"]["host_id_override"],
+                                    config["identity"]["stable_mac_override"])
+    except identity.HostMismatch as exc:
+        raise PreflightError(EXIT_HOST, str(exc)) from exc
+    notes.append(f"host_fingerprint {check.result} {check.fingerprint[:16]}")
+    _, minted = identity.load_or_mint_keypair(state_dir)
+    if minted:
+        notes.append("member keypair minted (keypair.json)")
+    identity.load_or_mint_token(state_dir)
+    try:
+        outbox = OutboxStore(state_dir / "outbox.db", policy_for(config), config["outbox"]["synchronous"])
+    except (OutboxCorrupt, SchemaTooNew) as exc:
+        raise PreflightError(EXIT_OUTBOX, f"{exc}; the outbox is never discarded automatically: restore it from "
+                             "a backup or move it aside by hand") from exc
+    try:
+        outbox.integrity_check()
+        recovered = outbox.recover(int(time.time() * 1000))
+    except OutboxCorrupt as exc:
+        raise PreflightError(EXIT_OUTBOX, f"{exc}; refusing to start") from exc
+    finally:
+        outbox.close()
+    if recovered:
+        notes.append(f"crash recovery: {len(recovered)} inflight row(s) returned to pending")
+    inbox, quarantined = InboxStore.open_or_quarantine(state_dir / "inbox.db")
+    inbox.close()
+    if quarantined is not None:
+        notes.append(f"inbox_corruption_recovered moved to {quarantined}")
+    return notes
+
+
+class Runtime:
+    """The daemon inside the gunicorn worker."""
+
+    def __init__(self, state_dir: Path, config: Config, trace_dir: Path | None = None,
+                 on_fatal: Callable[[int, str], None] | None = None):
+        self.state_dir = state_dir
+        self.config = config
+        self._on_fatal = on_fatal
+        self._stop_master: Callable[[], None] | None = None
+        self.keypair, _ = identity.load_or_mint_keypair(state_dir)
+        self.token = identity.load_or_mint_token(state_dir)
+        node = f"daemon-{self.keypair.public_hex[:16]}"
+        self.trace = TraceWriter(trace_dir, "daemon", node) if trace_dir else None
+        self.outbox = OutboxStore(state_dir / "outbox.db", policy_for(config), config["outbox"]["synchronous"],
+                                  trace=self._trace_store if self.trace else None)
+        self.inbox, _ = InboxStore.open_or_quarantine(state_dir / "inbox.db")
+        self.bus = EventBus(self.inbox, int(config["ipc"]["max_streams"]), float(config["ipc"]["keepalive_s"]),
+                            trace=self.trace)
+        self.metrics = DaemonMetrics(self.outbox)
+        self.link = BrokerLink(config=config.values, keypair=self.keypair, outbox=self.outbox,
+                               inbox=InboxReceiver(self.inbox, self.bus), publish=self.bus.publish,
+                               on_fatal=self._fatal, metrics=self.metrics, trace=self.trace)
+        self.metrics.link = self.link
+        self.committer = GroupCommitter(self.outbox.accept_batch, float(config["outbox"]["group_commit_ms"]) / 1000)
+        self.ctx = DaemonContext(config=config.values, token=self.token, outbox=self.outbox, inbox=self.inbox,
+                                 link=self.link, events=self.bus, committer=self.committer, metrics=self.metrics,
+                                 member_pubkey=self.keypair.public_hex)
+        self.app = create_app(self.ctx, self.requeue)
+        self._closed = threading.Event()
+
+    def _trace_store(self, item: Any) -> None:
+        mesh = self.config["daemon"]["mesh"]
+        if hasattr(item, "http_status"):
+            self.trace.emit("ipc_decision", mesh=mesh, client_message_id=item.body["client_message_id"],
+                            request_fingerprint=item.request_fingerprint.hex(),
+                            row_state=item.row_state, fingerprint_match=item.fingerprint_match,
+                            table_row=item.table_row, http_status=item.http_status, outbox_id=item.outbox_id)
+            return
+        if item.outcome != "transition":
+            return
+        # A requeue is traced as two events with the requeue row: old row -> aborted, successor none -> pending.
+        for current, before in ((item.after, item.before), (item.successor, None)):
+            if current is None:
+                continue
+            self.trace.emit("outbox_transition", mesh=mesh, outbox_id=current.id,
+                            client_message_id=current.client_message_id,
+                            request_fingerprint=current.request_fingerprint.hex(),
+                            **{"from": "none" if before is None else before.status}, to=current.status,
+                            event=item.event, table_row=item.table_row, attempts=current.attempts,
+                            enqueued_at_ms=current.enqueued_at, max_age_at_ms=current.max_age_at,
+                            broker_message_id=current.broker_message_id, superseded_by=current.superseded_by)
+
+    def start(self, stop_master: Callable[[], None] | None = None) -> None:
+        self._stop_master = stop_master
+        self.link.start()
+
+    def _fatal(self, code: int, reason: str) -> None:
+        log.error("fatal: %s", reason)
+        if self._on_fatal is not None:
+            self._on_fatal(code, reason)
+        if self._stop_master is not None:
+            self._stop_master()
+
+    def requeue(self, outbox_id: str, new_client_message_id: str | None, actor: str) -> dict[str, Any]:
+        """§4.5.3 for the IPC route and the CLI: returns {aborted_row_id, new_row_id, new_client_message_id}."""
+        return requeue(self.outbox, outbox_id, new_client_message_id, actor, self.link.wake)
+
+    def shutdown(self) -> None:
+        """SIGTERM: refuse writes, end the streams, wait for outstanding acks, close the link (E-15)."""
+        if self.ctx.draining.is_set():
+            return
+        self.ctx.draining.set()
+        self.bus.close()
+        self.link.drain_and_stop(float(self.config["daemon"]["drain_timeout_s"]))
+
+    def close(self) -> None:
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        self.shutdown()
+        self.committer.close()
+        self.outbox.close()
+        self.inbox.close()
+        if self.trace is not None:
+            self.trace.close()
+
+
+def requeue(outbox: OutboxStore, outbox_id: str, new_client_message_id: str | None, actor: str,
+            wake: Callable[[], None] = lambda: None) -> dict[str, Any]:
+    """Shared by POST /v1/outbox/requeue and `meshd outbox requeue`; raises Problem on refusal."""
+    from reference.core import is_client_message_id
+
+    if new_client_message_id is not None and not is_client_message_id(new_client_message_id):
+        raise Problem("invalid_client_message_id", "new_client_message_id does not match the id grammar")
+    cmid = new_client_message_id or str(ULID())
+    successor_id = str(ULID())
+    try:
+        result = outbox.requeue(outbox_id, cmid, successor_id, int(time.time() * 1000), actor=actor)
+    except OutboxRowNotFound as exc:
+        raise Problem("outbox_row_not_found", f"no outbox row {outbox_id}") from exc
+    except NewIdInUse as exc:
+        raise Problem("idempotency_key_reused", f"{cmid} is already bound to an outbox row",
+                      conflict="requeue_new_id_in_use", client_message_id=cmid) from exc
+    if result.outcome != "transition":
+        raise Problem("outbox_requeue_state_invalid",
+                      f"row {outbox_id} is {result.before.status}; only dead and pending rows can be requeued")
+    wake()
+    return {"aborted_row_id": result.after.id, "new_row_id": result.successor.id,
+            "new_client_message_id": result.successor.client_message_id}
+
+
+class InboxReceiver:
+    """Turns a broker ``push`` into an inbox row and its ``message`` event, in one transaction."""
+
+    def __init__(self, inbox: InboxStore, bus: EventBus):
+        self.inbox = inbox
+        self.bus = bus
+
+    def receive(self, frame: dict[str, Any], mesh: str, now_ms: int) -> dict[str, Any] | None:
+        message = InboxMessage(
+            id=str(ULID()), client_message_id=frame["client_message_id"], mesh=mesh,
+            sender_pubkey=frame["senderPubkey"], sender_name=frame.get("senderName") or "", received_at=now_ms,
+            broker_message_id=frame["messageId"], topic=frame.get("topic"), body=frame.get("body"),
+            meta=frame.get("meta") or None, reply_to_id=frame.get("replyToId") or None,
+            delivery_id=frame.get("delivery_id"),
+        )
+        stored = self.inbox.insert_with_event(message, message_payload)
+        if stored is None:
+            return None
+        row, event_id = stored
+        self.bus.notify(event_id, "message")
+        return {"seq": row.seq, "id": row.id}
+
+
+def message_payload(row: InboxRow) -> dict[str, Any]:
+    """The `message` SSE payload (spec/schemas/sse/message.json)."""
+    from .app import inbox_item
+
+    item = inbox_item(row.as_dict())
+    return {"inbox_id": item.pop("id"), **item}

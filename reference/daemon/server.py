@@ -1,0 +1,145 @@
+"""Serving the IPC app under gunicorn: a unix socket (0600) and TCP loopback, one gthread worker.
+
+Why this shape: the outbox, the inbox and the broker link are process state, so there is exactly one worker; the
+gthread worker gives every request and every event stream its own thread, and ``ipc.threads`` exceeds
+``max_inflight + max_streams`` so long SSE streams can never starve other requests. The master binds both listeners
+(port 0 picks a free port, written to ``http.port``), then forks the worker, which builds the daemon in ``load()``.
+A fatal condition in the worker (failed negotiation, say) is written to ``exit_reason.json`` and the master is asked
+to stop; ``serve`` then exits with the recorded code (E-15).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gunicorn.app.base import BaseApplication
+
+log = logging.getLogger("meshd")
+EXIT_REASON = "exit_reason.json"
+
+
+class TransportTag:
+    """WSGI wrapper marking each request with the listener it arrived on (``meshd.transport``)."""
+
+    def __init__(self, app: Callable):
+        self.app = app
+
+    def __call__(self, environ: dict, start_response: Callable) -> Any:
+        sock = environ.get("gunicorn.socket")
+        environ["meshd.transport"] = "unix" if sock is not None and sock.family == socket.AF_UNIX else "tcp"
+        return self.app(environ, start_response)
+
+
+class DaemonServer(BaseApplication):
+    """gunicorn embedded: ``build()`` runs in the worker and returns (wsgi app, shutdown callable)."""
+
+    def __init__(self, state_dir: Path, config: dict[str, dict[str, Any]], build: Callable[[], tuple[Callable, Any]]):
+        self.state_dir = state_dir
+        self.daemon_config = config
+        self.build = build
+        self.runtime: Any = None
+        super().__init__()
+
+    def load_config(self) -> None:
+        ipc = self.daemon_config["ipc"]
+        binds = [f"unix:{self.state_dir / 'daemon.sock'}"]
+        if ipc["tcp_enabled"]:
+            host = ipc["http_bind"]
+            binds.append(f"[{host}]:{ipc['http_port']}" if ":" in host else f"{host}:{ipc['http_port']}")
+        settings = {
+            "bind": binds,
+            "workers": 1,
+            "worker_class": "gthread",
+            "threads": int(ipc["threads"]),
+            "umask": 0o077,
+            "timeout": 30,
+            "graceful_timeout": int(float(self.daemon_config["daemon"]["drain_timeout_s"])) + 5,
+            "keepalive": 5,
+            "accesslog": None,
+            "errorlog": "-",
+            "loglevel": self.daemon_config["daemon"]["log_level"].lower(),
+            "proc_name": "meshd",
+            "control_socket_disable": True,
+            "when_ready": self._when_ready,
+            "post_worker_init": self._post_worker_init,
+            "worker_exit": self._worker_exit,
+        }
+        for key, value in settings.items():
+            self.cfg.set(key, value)
+
+    def load(self) -> Callable:
+        app, runtime = self.build()
+        self.runtime = runtime
+        return TransportTag(app)
+
+    def _when_ready(self, server: Any) -> None:
+        sock_path = self.state_dir / "daemon.sock"
+        os.chmod(sock_path, 0o600)
+        for listener in server.LISTENERS:
+            address = listener.sock.getsockname()
+            if listener.sock.family in (socket.AF_INET, socket.AF_INET6):
+                port_file = self.state_dir / "http.port"
+                port_file.write_text(f"{address[1]}\n", encoding="ascii")
+                os.chmod(port_file, 0o644)
+        log.info("daemon_started pid=%s sock=%s", os.getpid(), sock_path)
+
+    def _post_worker_init(self, worker: Any) -> None:
+        original = worker.handle_exit
+
+        def drain_then_exit(sig: int, frame: Any) -> None:
+            if self.runtime is not None:
+                self.runtime.shutdown()
+            original(sig, frame)
+
+        signal.signal(signal.SIGTERM, drain_then_exit)
+        signal.signal(signal.SIGINT, drain_then_exit)
+        if self.runtime is not None:
+            self.runtime.start(stop_master=lambda: os.kill(worker.ppid, signal.SIGTERM))
+
+    def _worker_exit(self, server: Any, worker: Any) -> None:
+        if self.runtime is not None:
+            self.runtime.close()
+
+
+def record_exit(state_dir: Path, code: int, reason: str) -> None:
+    """Remember why the worker asked the master to stop, for ``serve`` to exit with."""
+    (state_dir / EXIT_REASON).write_text(json.dumps({"code": code, "reason": reason}), encoding="utf-8")
+
+
+def recorded_exit(state_dir: Path) -> tuple[int, str] | None:
+    path = state_dir / EXIT_REASON
+    if not path.exists():
+        return None
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+        return int(document["code"]), str(document["reason"])
+    except (ValueError, KeyError, TypeError):
+        return 1, "unreadable exit_reason.json"
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def serve(state_dir: Path, config: dict[str, dict[str, Any]], build: Callable[[], tuple[Callable, Any]]) -> int:
+    """Run the daemon until it is stopped; returns the process exit code (E-15)."""
+    (state_dir / EXIT_REASON).unlink(missing_ok=True)
+    (state_dir / "daemon.sock").unlink(missing_ok=True)
+    master = os.getpid()
+    code = 0
+    try:
+        DaemonServer(state_dir, config, build).run()
+    except SystemExit as exc:
+        if os.getpid() != master:  # the forked worker unwinds through this frame too: let it exit as it wants
+            raise
+        code = exc.code if isinstance(exc.code, int) else 1
+    recorded = recorded_exit(state_dir)
+    if recorded is not None:
+        code, reason = recorded
+        log.error("daemon stopped: %s (exit %s)", reason, code)
+    return code
