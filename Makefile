@@ -1,4 +1,5 @@
-# meshspec: `make conform` runs the main job, `make test` runs the tests. Both set up .venv first.
+# meshspec: `make conform` runs the main job (the conformance suite against the reference implementation on the
+# embedded SQLite default), `make test` runs the tests. Both set up .venv first.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -15,8 +16,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 conform: $(STAMP)
-	$(BIN)/meshd spec check
-	$(BIN)/meshd spec model-check
+	$(BIN)/meshconform run --target reference --report-dir reports/conformance
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -139,6 +139,7 @@ class ScriptedBroker:
         self._thread: threading.Thread | None = None
         self._daemon_check = validator("broker/frame#/$defs/daemon_to_broker")
         self.on_receive: Callable[[dict[str, Any]], None] | None = None  # runs on the handler thread, per frame
+        self.held = threading.Event()
 
     # --- lifecycle -----------------------------------------------------------------------------------------
     def __enter__(self) -> ScriptedBroker:
@@ -211,6 +212,21 @@ class ScriptedBroker:
         if isinstance(frame, dict):
             self._record("out", frame, conn_id)
 
+    def hold(self) -> None:
+        """Become unreachable: drop every connection and refuse new ones (close 1013) until ``release``.
+
+        Rows the implementation accepts meanwhile stay ``pending``: nothing can be dispatched.
+        """
+        self.held.set()
+        self.drop(1013, "scripted hold")
+
+    def release(self, timeout: float = 15.0) -> None:
+        """Accept connections again and wait until the implementation is back."""
+        connections = self._next_connection
+        self.held.clear()
+        self.wait_for(lambda: self._connections and max(self._connections) > connections, timeout,
+                      "the implementation to reconnect")
+
     def drop(self, code: int = 1011, reason: str = "scripted drop") -> None:
         """Close every connection from the broker side."""
         for connection in list(self._connections.values()):
@@ -272,6 +288,9 @@ class ScriptedBroker:
             self._next_connection += 1
             conn_id = self._next_connection
         try:
+            if self.held.is_set():
+                ws.close(1013, "try again later")
+                return
             if not self._handshake(ws, conn_id):
                 return
             with self._cond:

@@ -221,8 +221,11 @@ def requeue(outbox: OutboxStore, outbox_id: str, new_client_message_id: str | No
     except OutboxRowNotFound as exc:
         raise Problem("outbox_row_not_found", f"no outbox row {outbox_id}") from exc
     except NewIdInUse as exc:
+        row = outbox.get(outbox_id)
+        prefix = row.request_fingerprint[:8].hex() if row is not None else None
         raise Problem("idempotency_key_reused", f"{cmid} is already bound to an outbox row",
-                      conflict="requeue_new_id_in_use", client_message_id=cmid) from exc
+                      conflict="requeue_new_id_in_use", client_message_id=cmid,
+                      daemon_fingerprint_prefix=prefix) from exc
     if result.outcome != "transition":
         raise Problem("outbox_requeue_state_invalid",
                       f"row {outbox_id} is {result.before.status}; only dead and pending rows can be requeued")

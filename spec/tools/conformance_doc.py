@@ -66,6 +66,8 @@ def render(spec_dir: Path = spec_pkg.SPEC_DIR, repo_root: Path | None = None) ->
         if not tests:
             tests = f"*awaiting tests ({baseline[req['id']]})*" if req["id"] in baseline else "—"
         verdict = verdicts.get(req["id"], "not yet run")
+        if verdict == "not_checked":
+            verdict = "checked by repository tests" if req["tests"] else "not checked"
         source = "" if req["source"] == "spec" else f" ({req['source'].removeprefix('errata:')})"
         where = f"{req['section']}{source}"
         lines.append(f"| `{req['id']}` | {req['level']} | {where} | {_cell(req['text'])} | {tests} | {verdict} |")

@@ -1,0 +1,72 @@
+"""Small helpers the cases share: polling the target's outbox, unique ids, reading SSE events."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from typing import Any
+
+import httpx
+
+_counter = itertools.count()
+
+
+def unique(prefix: str) -> str:
+    """A client_message_id no other case uses in this run."""
+    return f"mc-{prefix}-{int(time.time() * 1000) % 10**9}-{next(_counter)}"
+
+
+def outbox_rows(client: Any) -> list[dict[str, Any]]:
+    """Every outbox row, through GET /v1/outbox (all pages)."""
+    rows: list[dict[str, Any]] = []
+    cursor = None
+    while True:
+        params: dict[str, Any] = {"limit": 500}
+        if cursor:
+            params["cursor"] = cursor
+        page = client.get("/v1/outbox", params=params).json()
+        rows += page["items"]
+        cursor = page["next_cursor"]
+        if not cursor:
+            return rows
+
+
+def row_for(client: Any, cmid: str) -> dict[str, Any] | None:
+    return next((r for r in outbox_rows(client) if r["client_message_id"] == cmid), None)
+
+
+def wait_row(client: Any, cmid: str, status: str | tuple[str, ...], timeout: float = 15.0,
+             attempted: bool = False) -> dict[str, Any]:
+    """Wait until ``cmid``'s row is in ``status`` (with ``attempted``: after a broker answer recorded last_error)."""
+    wanted = (status,) if isinstance(status, str) else status
+    deadline = time.monotonic() + timeout
+    row = None
+    while time.monotonic() < deadline:
+        row = row_for(client, cmid)
+        if row and row["status"] in wanted and (not attempted or row["last_error"]):
+            return row
+        time.sleep(0.05)
+    raise AssertionError(f"{cmid} did not reach {wanted} within {timeout:g} s; last seen: {row}")
+
+
+def read_events(client: httpx.Client, headers: dict[str, str], until, timeout: float = 10.0) -> list[dict]:
+    """Read SSE events (dicts with id, event, data) until ``until(events)`` is true."""
+    events: list[dict] = []
+    current: dict[str, str] = {}
+    with client.stream("GET", "/v1/events", headers=headers, timeout=timeout) as response:
+        assert response.status_code == 200, response.status_code
+        for line in response.iter_lines():
+            if line.startswith(":"):
+                continue
+            if not line:
+                if "event" in current:
+                    current["json"] = json.loads(current.get("data", "null"))
+                    events.append(current)
+                    if until(events):
+                        return events
+                current = {}
+                continue
+            key, _, value = line.partition(":")
+            current[key] = value[1:] if value.startswith(" ") else value
+    return events

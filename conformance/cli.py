@@ -1,0 +1,171 @@
+"""`meshconform`: certify an implementation of the claudemesh daemon protocol v0.9.0 against meshspec.
+
+    meshconform run [--target reference | unix:///path/daemon.sock | http://127.0.0.1:PORT] [--token-file F]
+                    [--launch TEMPLATE] [--strict] [--select ID ...] [--deselect ID ...] [--seed N]
+                    [--case-timeout S] [--report-dir DIR]
+    meshconform list [--json]
+
+Exit codes: 0 every MUST passed (and every SHOULD with --strict), 1 a failure, 2 a harness error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from . import plugin, registry
+
+console = Console(stderr=True)
+
+
+class _Progress:
+    """Live progress with rich; replaces pytest's terminal output."""
+
+    def __init__(self, quiet: bool):
+        self.quiet = quiet
+        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), console=console, disable=quiet, transient=True)
+        self.task = None
+        self.failed: list[str] = []
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self.progress.start()
+        self.task = self.progress.add_task("meshconform", total=len(session.items))
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+            self.progress.update(self.task, advance=1, description=report.nodeid.split("::")[-1][:60])
+            if report.failed:
+                self.failed.append(report.nodeid)
+                self.progress.console.print(f"[red]FAIL[/red] {report.nodeid.split('::')[-1]}")
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        self.progress.stop()
+
+
+def _pytest_args(args: argparse.Namespace) -> list[str]:
+    argv = [str(registry.CASES_DIR), "-p", "conformance.plugin", "-p", "no:cacheprovider", "-p", "no:terminal",
+            "-o", "addopts=", "-o", "testpaths=", "--rootdir", str(registry.CASES_DIR.parent),
+            f"--meshspec-target={args.target}", f"--timeout={args.case_timeout}"]
+    if args.launch:
+        argv.append(f"--meshspec-launch={args.launch}")
+    if args.token_file:
+        argv.append(f"--meshspec-token-file={args.token_file}")
+    if args.broker_listen:
+        argv.append(f"--meshspec-broker-listen={args.broker_listen}")
+    if args.strict:
+        argv.append("--meshspec-strict")
+    for value in args.select or ():
+        argv.append(f"--meshspec-select={value}")
+    for value in args.deselect or ():
+        argv.append(f"--meshspec-deselect={value}")
+    if args.seed is not None:
+        argv += [f"--meshspec-seed={args.seed}", f"--hypothesis-seed={args.seed}"]
+    if args.report_dir:
+        argv.append(f"--meshspec-report-dir={args.report_dir}")
+    return argv
+
+
+def run(args: argparse.Namespace) -> int:
+    reporter = _Progress(args.quiet)
+    capture = _Capture()
+    exit_code = pytest.main(_pytest_args(args), plugins=[reporter, capture])
+    report = capture.report
+    if report is None:
+        console.print(f"[red]meshconform: the harness did not complete (pytest exit {exit_code})[/red]")
+        return 2
+    summarize(report)
+    if args.record_reference:
+        if args.target != "reference" or args.launch or args.select or args.deselect:
+            console.print("[red]--record-reference needs a full run of --target reference[/red]")
+            return 2
+        record_reference(report)
+    return int(report["summary"]["exit_code"])
+
+
+def record_reference(report: dict) -> Path:
+    """Write conformance/reference-results.json (the verdicts CONFORMANCE.md shows) from a full reference run."""
+    path = registry.CASES_DIR.parent / "reference-results.json"
+    document = {"spec_version": report["spec_version"], "seed": report["seed"],
+                "summary": report["summary"]["requirements"],
+                "requirements": [{"id": r["id"], "verdict": r["verdict"]} for r in report["requirements"]]}
+    path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    console.print(f"recorded {path}; run `meshd spec conformance-doc` to refresh CONFORMANCE.md")
+    return path
+
+
+class _Capture:
+    report: dict | None = None
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        self.report = session.config.stash.get(plugin.REPORT, None)
+
+
+def summarize(report: dict) -> None:
+    s = report["summary"]
+    table = Table(title=f"meshconform — {report['target']} — seed {report['seed']}")
+    for column in ("requirement", "level", "verdict", "cases"):
+        table.add_column(column)
+    colors = {"pass": "green", "fail": "red", "skip": "yellow", "not_checked": "dim"}
+    for r in report["requirements"]:
+        if r["verdict"] == "not_checked":
+            continue
+        table.add_row(r["id"], r["level"], f"[{colors[r['verdict']]}]{r['verdict']}[/]", ", ".join(r["cases"]))
+    console.print(table)
+    for case in report["cases"]:
+        if case["outcome"] in ("failed", "error"):
+            last = case["detail"].strip().splitlines()[-1] if case["detail"].strip() else case["outcome"]
+            console.print(f"[red]{case['outcome'].upper()}[/red] {case['id']}: {last}\n  replay: {case['replay']}")
+    for error in report["harness_errors"]:
+        console.print(f"[magenta]harness error:[/magenta] {error}")
+    verdict_color = {"pass": "green", "fail": "red", "error": "magenta"}[s["verdict"]]
+    console.print(f"[bold {verdict_color}]{s['verdict'].upper()}[/] — cases {s['cases']} — requirements "
+                  f"{s['requirements']} — {report['duration_s']} s")
+
+
+def list_cases(args: argparse.Namespace) -> int:
+    cases = registry.cases()
+    if args.json:
+        print(json.dumps([{"id": c.id, "requirements": list(c.requirements)} for c in cases], indent=2))
+        return 0
+    for info in cases:
+        print(f"{info.id:<40} {' '.join(info.requirements)}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="meshconform", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    runner = sub.add_parser("run", help="run the conformance suite against a daemon")
+    runner.add_argument("--target", default="reference",
+                        help="reference (default) | unix:///path/daemon.sock | http://127.0.0.1:PORT")
+    runner.add_argument("--launch", help="launch template with {broker_url} {state_dir} {socket} {port} {token_file}")
+    runner.add_argument("--token-file", type=Path, help="bearer token file for an http:// target")
+    runner.add_argument("--broker-listen", help="address of the scripted broker (default 127.0.0.1:<free>)")
+    runner.add_argument("--strict", action="store_true", help="SHOULD failures fail the run")
+    runner.add_argument("--select", action="append", help="case or requirement ids (prefix match), repeatable")
+    runner.add_argument("--deselect", action="append", help="case or requirement ids to leave out")
+    runner.add_argument("--seed", type=int, help="seed for randomised cases (printed in every replay command)")
+    runner.add_argument("--case-timeout", type=float, default=60.0, help="per-case timeout in seconds")
+    runner.add_argument("--report-dir", type=Path, help="write report.json, junit.xml, report.md, report.html")
+    runner.add_argument("--quiet", action="store_true", help="no progress bar")
+    runner.add_argument("--record-reference", action="store_true",
+                        help="with --target reference: record the verdicts CONFORMANCE.md shows")
+    runner.set_defaults(func=run)
+    lister = sub.add_parser("list", help="list the cases and the requirements they check")
+    lister.add_argument("--json", action="store_true")
+    lister.set_defaults(func=list_cases)
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""The conformance cases and the requirements they check, read from the case modules without importing them.
+
+A case is a test function in ``conformance/cases/`` decorated ``@case("suite.name", "REQ-ID", ...)``. Reading the
+decorators with ``ast`` keeps this cheap enough for the spec gate, which checks that every ``conformance::<id>`` the
+requirement registry names exists.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+CASES_DIR = Path(__file__).resolve().parent / "cases"
+MARK = "meshspec"
+
+
+@dataclass(frozen=True)
+class CaseInfo:
+    """A case id, the requirements it checks, and where it lives."""
+
+    id: str
+    requirements: tuple[str, ...]
+    module: str
+    function: str
+
+
+def case(case_id: str, *requirements: str):
+    """Tag a conformance test with its case id and the requirement ids it checks."""
+    if not requirements:
+        raise ValueError(f"case {case_id} names no requirement")
+    return getattr(pytest.mark, MARK)(case_id, *requirements)
+
+
+@functools.cache
+def cases(cases_dir: Path = CASES_DIR) -> tuple[CaseInfo, ...]:
+    """Every case, in file and line order."""
+    found: list[CaseInfo] = []
+    for path in sorted(cases_dir.glob("test_*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for decorator in node.decorator_list:
+                if (isinstance(decorator, ast.Call) and isinstance(decorator.func, ast.Name)
+                        and decorator.func.id == "case"):
+                    args = [a.value for a in decorator.args if isinstance(a, ast.Constant)]
+                    found.append(CaseInfo(args[0], tuple(args[1:]), path.stem, node.name))
+    return tuple(found)
+
+
+def case_ids() -> list[str]:
+    return [c.id for c in cases()]
+
+
+def by_requirement() -> dict[str, list[str]]:
+    """Requirement id -> the case ids that check it."""
+    mapping: dict[str, list[str]] = {}
+    for info in cases():
+        for requirement in info.requirements:
+            mapping.setdefault(requirement, []).append(info.id)
+    return mapping

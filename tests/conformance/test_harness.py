@@ -1,0 +1,130 @@
+"""meshconform itself: verdicts, exit codes, reports, selection, skips that are never passes, plugin mode."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from conformance import registry
+from conformance.launch import REFERENCE_TEMPLATE, Launched
+from conformance.peer import ScriptedBroker
+from spec import SPEC_DIR, load_yaml, validator
+
+REPO = SPEC_DIR.parent
+
+
+def meshconform(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "conformance.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, check=False, cwd=REPO)
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory):
+    """One full default run against the reference (the README's main job)."""
+    reports = tmp_path_factory.mktemp("reports")
+    result = meshconform("run", "--target", "reference", "--report-dir", str(reports), "--seed", "7", "--quiet")
+    return result, reports
+
+
+def test_reference_passes_every_must(full_run):
+    result, reports = full_run
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((reports / "report.json").read_text())
+    validator("report/conformance_report").validate(report)
+    assert report["summary"]["verdict"] == "pass" and report["summary"]["must_failures"] == 0
+    assert report["summary"]["cases"]["failed"] == report["summary"]["cases"]["error"] == 0
+    checked = {r["id"] for r in report["requirements"] if r["verdict"] == "pass"}
+    assert {"IPC-CONFLICT-NO-MUTATION", "REC-NO-LOSS", "NEG-CLOSE-4010", "API-CONFORMS",
+            "ERR-NO-5XX-ON-BAD-INPUT", "SSE-REPLAY"} <= checked
+    assert report["duration_s"] < 180
+
+
+def test_reports_are_well_formed(full_run):
+    _, reports = full_run
+    suites = ET.parse(reports / "junit.xml").getroot()
+    assert suites.tag == "testsuites"
+    cases = [c for s in suites for c in s.iter("testcase")]
+    assert len(cases) == len(json.loads((reports / "report.json").read_text())["cases"])
+    assert all(c.find("properties") is not None for c in cases)
+    page = (reports / "report.html").read_text()
+    assert page.startswith("<!doctype html>") and "<script" not in page
+    assert "src=" not in page and "href=" not in page, "the HTML report must be one self-contained file"
+    assert "| Requirement | Level | Verdict |" in (reports / "report.md").read_text()
+
+
+def test_every_registered_case_ran(full_run):
+    _, reports = full_run
+    ran = {c["id"] for c in json.loads((reports / "report.json").read_text())["cases"]}
+    assert ran == set(registry.case_ids())
+
+
+def test_select_by_requirement_and_replay_command(tmp_path):
+    result = meshconform("run", "--select", "IPC-ID-PRECEDENCE", "--report-dir", str(tmp_path), "--seed", "3",
+                         "--quiet")
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert [c["id"] for c in report["cases"]] == ["ipc.id.precedence"]
+    assert report["cases"][0]["replay"] == "meshconform run --target reference --select ipc.id.precedence --seed 3"
+
+
+def test_unreachable_target_is_a_harness_error(tmp_path):
+    result = meshconform("run", "--target", f"unix://{tmp_path}/nothing.sock", "--report-dir", str(tmp_path),
+                         "--quiet")
+    assert result.returncode == 2
+    assert "cannot reach" in result.stderr
+
+
+def test_external_target_without_broker_or_launch_skips_never_passes(tmp_path):
+    """A daemon connected elsewhere: broker-scripted and restart cases skip with a reason, and skip is not pass."""
+    with ScriptedBroker() as elsewhere:
+        daemon = Launched(REFERENCE_TEMPLATE, tmp_path / "d", elsewhere.url).start()
+        try:
+            result = meshconform("run", "--target", f"unix://{daemon.socket_path}", "--report-dir",
+                                 str(tmp_path / "r"), "--select", "ipc.lookup.row", "--select", "recovery.",
+                                 "--select", "ipc.id.precedence", "--quiet")
+        finally:
+            daemon.stop()
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    outcomes = {c["id"]: c for c in report["cases"]}
+    assert outcomes["ipc.lookup.row"]["outcome"] == "skipped"
+    assert "scripted broker" in outcomes["ipc.lookup.row"]["detail"]
+    assert outcomes["recovery.kill9_inflight"]["outcome"] == "skipped"
+    assert "launch template" in outcomes["recovery.kill9_inflight"]["detail"]
+    assert outcomes["ipc.id.precedence"]["outcome"] == "passed"
+    verdicts = {r["id"]: r["verdict"] for r in report["requirements"]}
+    assert verdicts["REC-NO-LOSS"] == "skip" and verdicts["IPC-PENDING-MATCH"] == "skip"
+    assert result.returncode == 0
+
+
+def test_plugin_mode(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "pytest", "-p", "conformance.plugin", "-p", "no:cacheprovider",
+                             str(registry.CASES_DIR), "-q", "-o", "addopts=", "--meshspec-select=ipc.id.minted",
+                             f"--meshspec-report-dir={tmp_path}"], capture_output=True, text=True, cwd=REPO,
+                            timeout=300, check=False)
+    assert result.returncode == 0, result.stdout[-2000:]
+    assert json.loads((tmp_path / "report.json").read_text())["summary"]["verdict"] == "pass"
+
+
+def test_registry_cases_name_known_requirements():
+    known = {r["id"] for r in load_yaml(SPEC_DIR / "requirements.yaml")["requirements"]}
+    for info in registry.cases():
+        assert set(info.requirements) <= known, info
+    assert len(set(registry.case_ids())) == len(registry.case_ids())
+
+
+def test_list_command():
+    result = meshconform("list", "--json")
+    assert {c["id"] for c in json.loads(result.stdout)} == set(registry.case_ids())
+
+
+def test_conformance_doc_records_the_reference(tmp_path):
+    recorded = Path(REPO / "conformance" / "reference-results.json")
+    if recorded.exists():
+        data = json.loads(recorded.read_text())
+        assert {r["id"] for r in data["requirements"]} == {
+            r["id"] for r in load_yaml(SPEC_DIR / "requirements.yaml")["requirements"]}
