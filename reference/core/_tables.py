@@ -4,6 +4,10 @@ Rules of this file: a decision table has finite ``inputs`` (name -> domain) and 
 input to a value, a list of values, or ``"*"``. A table is *total* when every combination of input values matches at
 least one row and *deterministic* when none matches two. ``problems()`` names every violation; ``lookup()`` raises a
 typed error that names the inputs when a combination matches no row or several.
+
+``lookup()`` is on the daemon's hot path (every accept, dispatch and ack): the first lookup of a combination scans the
+rows and checks the inputs; its answer is memoised, keyed by the inputs exactly as passed, so later lookups of that
+combination are one dict hit. Only answers are memoised: a lookup that raised scans (and raises) again next time.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ class DecisionTable:
         self.document = document
         self.inputs: dict[str, tuple[str, ...]] = {k: tuple(map(str, v)) for k, v in document["inputs"].items()}
         self.rows: tuple[Row, ...] = tuple(self._row(raw) for raw in document["rows"])
+        self._memo: dict[tuple[tuple[str, str], ...], Row] = {}
 
     def _row(self, raw: Mapping[str, Any]) -> Row:
         when: dict[str, frozenset[str] | None] = {}
@@ -83,6 +88,13 @@ class DecisionTable:
 
     def lookup(self, **inputs: str) -> Row:
         """The one row covering ``inputs``; raises ``NoRow`` or ``AmbiguousRow`` naming them."""
+        key = tuple(inputs.items())
+        row = self._memo.get(key)
+        if row is None:
+            row = self._memo[key] = self._scan(inputs)
+        return row
+
+    def _scan(self, inputs: Mapping[str, str]) -> Row:
         missing = set(self.inputs) - set(inputs)
         if missing:
             raise UnknownInput(f"{self.id}: inputs {sorted(missing)} not given")

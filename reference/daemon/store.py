@@ -28,8 +28,10 @@ from __future__ import annotations
 import base64
 import binascii
 import builtins
+import functools
 import json
 import logging
+import operator
 import os
 import re
 import sqlite3
@@ -419,6 +421,23 @@ def _outbox_row(values: Sequence[Any]) -> OutboxRow:
     return OutboxRow(**record)
 
 
+_outbox_values = operator.attrgetter(*_OUTBOX_COLUMNS)  # positional, in column order
+_ROWS_PER_STATEMENT = 64  # x 16 columns stays far below SQLite's bound-parameter limit
+
+
+@functools.cache
+def _outbox_insert_many(count: int) -> str:
+    """``INSERT`` of ``count`` rows in one statement (one step, one GIL hand-off)."""
+    row = "(" + ", ".join("?" * len(_OUTBOX_COLUMNS)) + ")"
+    return f"INSERT INTO outbox ({', '.join(_OUTBOX_COLUMNS)}) VALUES " + ", ".join([row] * count)
+
+
+@functools.cache
+def _outbox_select_many(count: int) -> str:
+    """The rows bound to any of ``count`` client_message_ids."""
+    return f"{_OUTBOX_SELECT} WHERE client_message_id IN ({', '.join('?' * count)})"
+
+
 def _outbox_params(row: OutboxRow) -> dict[str, Any]:
     # A shallow mapping: dataclasses.asdict deep-copies every value and dominated the cost of a batch.
     return {name: getattr(row, name) for name in _OUTBOX_COLUMNS}
@@ -493,17 +512,25 @@ class OutboxStore(_SqliteStore):
         results: list[Accepted] = []
         traced: list[IpcDecision | Transition] = []
         with self._transaction(traced) as conn:
+            # Few statements per batch, not two per item: each one hands the GIL over, and under load getting it
+            # back is what a request waits for. ``rows`` is what a sequential SELECT would see at each item.
+            rows = self._load_by_client_message_ids(conn, {item.client_message_id for item in prepared})
+            inserts: list[OutboxRow] = []
             for item in prepared:
-                existing = self._load(conn, "client_message_id", item.client_message_id)
+                existing = rows.get(item.client_message_id)
                 decision = decide_send(existing, item.fingerprint, item.client_message_id)
                 transition = None
                 if decision.insert:
                     row = new_row(item.outbox_id, item.client_message_id, item.fingerprint, item.payload,
                                   item.now_ms, self.policy)
-                    conn.execute(_OUTBOX_INSERT, _outbox_params(row))
+                    rows[item.client_message_id] = row
+                    inserts.append(row)
                     transition = accepted(row)
                 results.append((decision, transition))
                 traced += [decision] if transition is None else [decision, transition]
+            for start in range(0, len(inserts), _ROWS_PER_STATEMENT):
+                chunk = inserts[start:start + _ROWS_PER_STATEMENT]
+                conn.execute(_outbox_insert_many(len(chunk)), [value for row in chunk for value in _outbox_values(row)])
         return results
 
     @staticmethod
@@ -511,6 +538,17 @@ class OutboxStore(_SqliteStore):
         # Pure CPU work stays outside the writer lock.
         return _Prepared(item.client_message_id, item.outbox_id, item.now_ms, item.request.fingerprint(),
                          item.request.payload())
+
+    @staticmethod
+    def _load_by_client_message_ids(conn: sqlite3.Connection, keys: builtins.set[str]) -> dict[str, OutboxRow]:
+        found: dict[str, OutboxRow] = {}
+        ordered = sorted(keys)
+        for start in range(0, len(ordered), _ROWS_PER_STATEMENT):
+            chunk = ordered[start:start + _ROWS_PER_STATEMENT]
+            for values in conn.execute(_outbox_select_many(len(chunk)), chunk).fetchall():
+                row = _outbox_row(values)
+                found[row.client_message_id] = row
+        return found
 
     # --- reads ---------------------------------------------------------------------------------------------------
 

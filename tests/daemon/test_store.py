@@ -151,7 +151,8 @@ def test_reopen_keeps_rows_and_version(tmp_path):
     with OutboxStore(path, POLICY) as store:
         assert store.get(row.id) == row
         conn = sqlite3.connect(path)
-        assert conn.execute("SELECT version, name FROM schema_version").fetchall() == [(1, "init")]
+        expected = [(m.version, m.name) for m in migrations("outbox")]
+        assert conn.execute("SELECT version, name FROM schema_version").fetchall() == expected
         conn.close()
 
 
@@ -164,7 +165,7 @@ def test_schema_newer_than_code_is_refused(tmp_path, kind):
         conn.execute("INSERT INTO schema_version (version, name, applied_at) VALUES (99, 'from_the_future', 0)")
     with pytest.raises(SchemaTooNew) as caught:
         opener()
-    assert (caught.value.found, caught.value.known) == (99, 1)
+    assert (caught.value.found, caught.value.known) == (99, len(store_module.migrations(kind)))
     assert str(path) in str(caught.value) and "newer" in str(caught.value)
     if kind == "inbox":  # a refusal is not corruption: the file stays where it is
         with pytest.raises(SchemaTooNew):
@@ -180,18 +181,19 @@ def test_migrations_run_forward_and_atomically(tmp_path, monkeypatch):
     future = tmp_path / "migrations"
     shutil.copytree(store_module.MIGRATIONS_DIR, future)
     monkeypatch.setattr(store_module, "MIGRATIONS_DIR", future)
-    broken = future / "outbox" / "0002_broken.sql"
+    latest = len(store_module.migrations("outbox"))
+    broken = future / "outbox" / f"{latest + 1:04d}_broken.sql"
     broken.write_text("-- adds a column, then fails\nALTER TABLE outbox ADD COLUMN note TEXT;\nSELECT * FROM nope;\n")
-    with pytest.raises(MigrationError, match="0002_broken"):
+    with pytest.raises(MigrationError, match=f"{latest + 1:04d}_broken"):
         OutboxStore(path, POLICY)
     with sqlite3.connect(path) as conn:
         assert "note" not in {r[1] for r in conn.execute("PRAGMA table_info(outbox)")}
     broken.unlink()
-    (future / "outbox" / "0002_note.sql").write_text("ALTER TABLE outbox ADD COLUMN note TEXT; -- trailing\n")
+    (future / "outbox" / f"{latest + 1:04d}_note.sql").write_text("ALTER TABLE outbox ADD COLUMN note TEXT; -- x\n")
     with OutboxStore(path, POLICY) as store:
-        assert store.schema_version == 2
+        assert store.schema_version == latest + 1
         assert store.get(row.id) == row
-    (future / "outbox" / "0004_gap.sql").write_text("SELECT 1;\n")
+    (future / "outbox" / f"{latest + 3:04d}_gap.sql").write_text("SELECT 1;\n")
     with pytest.raises(MigrationError, match="without gaps"):
         OutboxStore(path, POLICY)
 

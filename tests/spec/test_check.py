@@ -22,6 +22,8 @@ def tree(tmp_path) -> Path:
     root = tmp_path / "repo"
     shutil.copytree(spec_pkg.SPEC_DIR, root / "spec", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPO / "CONFORMANCE.md", root / "CONFORMANCE.md")
+    (root / "conformance").mkdir()
+    shutil.copy(REPO / "conformance" / "reference-results.json", root / "conformance" / "reference-results.json")
     shutil.copytree(REPO / "tests", root / "tests", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     return root / "spec"
 
