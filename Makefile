@@ -17,6 +17,7 @@ setup: $(STAMP)
 
 conform: $(STAMP)
 	$(BIN)/meshconform run --target reference --report-dir reports/conformance
+	$(BIN)/meshconform broker --report-dir reports/conformance-broker
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -51,14 +51,25 @@ class _Progress:
 
 
 def _pytest_args(args: argparse.Namespace) -> list[str]:
-    argv = [str(registry.CASES_DIR), "-p", "conformance.plugin", "-p", "no:cacheprovider", "-p", "no:terminal",
-            "-o", "addopts=", "-o", "testpaths=", "--rootdir", str(registry.CASES_DIR.parent),
-            f"--meshspec-target={args.target}", f"--timeout={args.case_timeout}"]
-    if args.launch:
+    broker = args.command == "broker"
+    argv = [str(registry.BROKER_CASES_DIR if broker else registry.CASES_DIR), "-p", "conformance.plugin",
+            "-p", "no:cacheprovider", "-p", "no:terminal", "-o", "addopts=", "-o", "testpaths=",
+            "--rootdir", str(registry.CASES_DIR.parent), f"--timeout={args.case_timeout}"]
+    if broker:
+        if args.url:
+            argv.append(f"--meshspec-broker-url={args.url}")
+        else:
+            argv.append(f"--meshspec-broker-launch={args.launch or 'reference'}")
+        if args.store_dsn:
+            argv.append(f"--meshspec-store-dsn={args.store_dsn}")
+        argv.append(f"--meshspec-mesh-id={args.mesh_id}")
+    else:
+        argv.append(f"--meshspec-target={args.target}")
+    if args.launch and not broker:
         argv.append(f"--meshspec-launch={args.launch}")
-    if args.token_file:
+    if getattr(args, "token_file", None):
         argv.append(f"--meshspec-token-file={args.token_file}")
-    if args.broker_listen:
+    if getattr(args, "broker_listen", None):
         argv.append(f"--meshspec-broker-listen={args.broker_listen}")
     if args.strict:
         argv.append("--meshspec-strict")
@@ -82,9 +93,11 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"[red]meshconform: the harness did not complete (pytest exit {exit_code})[/red]")
         return 2
     summarize(report)
-    if args.record_reference:
-        if args.target != "reference" or args.launch or args.select or args.deselect:
-            console.print("[red]--record-reference needs a full run of --target reference[/red]")
+    if getattr(args, "record_reference", False):
+        reference = (args.command == "broker" and not args.url and not args.launch) or (
+            args.command == "run" and args.target == "reference" and not args.launch)
+        if not reference or args.select or args.deselect:
+            console.print("[red]--record-reference needs a full run against the reference[/red]")
             return 2
         record_reference(report)
     return int(report["summary"]["exit_code"])
@@ -93,9 +106,15 @@ def run(args: argparse.Namespace) -> int:
 def record_reference(report: dict) -> Path:
     """Write conformance/reference-results.json (the verdicts CONFORMANCE.md shows) from a full reference run."""
     path = registry.CASES_DIR.parent / "reference-results.json"
-    document = {"spec_version": report["spec_version"], "seed": report["seed"],
-                "summary": report["summary"]["requirements"],
-                "requirements": [{"id": r["id"], "verdict": r["verdict"]} for r in report["requirements"]]}
+    verdicts = {}
+    if path.exists():  # the daemon and the broker suites each record the requirements they check
+        verdicts = {r["id"]: r["verdict"] for r in json.loads(path.read_text())["requirements"]}
+    for row in report["requirements"]:
+        if row["verdict"] != "not_checked" or row["id"] not in verdicts:
+            verdicts[row["id"]] = row["verdict"]
+    rows = [{"id": r["id"], "verdict": verdicts[r["id"]]} for r in report["requirements"]]
+    summary = {k: sum(1 for r in rows if r["verdict"] == k) for k in ("pass", "fail", "skip", "not_checked")}
+    document = {"spec_version": report["spec_version"], "summary": summary, "requirements": rows}
     path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
     console.print(f"recorded {path}; run `meshd spec conformance-doc` to refresh CONFORMANCE.md")
     return path
@@ -160,6 +179,20 @@ def main(argv: list[str] | None = None) -> int:
     runner.add_argument("--record-reference", action="store_true",
                         help="with --target reference: record the verdicts CONFORMANCE.md shows")
     runner.set_defaults(func=run)
+    brokers = sub.add_parser("broker", help="run the broker suite against a broker (the harness plays the daemons)")
+    brokers.add_argument("--url", help="ws://127.0.0.1:PORT of a running broker (dev mode admits the harness)")
+    brokers.add_argument("--launch", help="launch template with {port} and {state_dir}; default: the reference "
+                         "broker on SQLite")
+    brokers.add_argument("--store-dsn", help="the broker's store (sqlite:///… or postgresql://…) for the inventory")
+    brokers.add_argument("--mesh-id", default="meshconform")
+    for name, kwargs in (("--strict", {"action": "store_true"}), ("--select", {"action": "append"}),
+                         ("--deselect", {"action": "append"}), ("--seed", {"type": int}),
+                         ("--case-timeout", {"type": float, "default": 60.0}), ("--report-dir", {"type": Path}),
+                         ("--quiet", {"action": "store_true"})):
+        brokers.add_argument(name, **kwargs)
+    brokers.add_argument("--record-reference", action="store_true",
+                         help="with the reference broker: record the verdicts CONFORMANCE.md shows")
+    brokers.set_defaults(func=run)
     lister = sub.add_parser("list", help="list the cases and the requirements they check")
     lister.add_argument("--json", action="store_true")
     lister.set_defaults(func=list_cases)

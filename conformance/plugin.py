@@ -77,14 +77,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--meshspec-deselect", action="append", default=[], help="case or requirement ids (prefixes)")
     group.addoption("--meshspec-seed", type=int, default=None, help="seed for randomised cases")
     group.addoption("--meshspec-report-dir", default=None, help="write JSON, JUnit XML, Markdown and HTML here")
+    group.addoption("--meshspec-broker-url", default=None, help="broker suite: ws://HOST:PORT of a running broker")
+    group.addoption("--meshspec-broker-launch", default=None,
+                    help="broker suite: launch template with {port} {state_dir} ('reference' for the reference)")
+    group.addoption("--meshspec-store-dsn", default=None, help="broker suite: the broker's store, for the inventory")
+    group.addoption("--meshspec-mesh-id", default="meshconform", help="broker suite: the mesh the members join")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", f"{registry.MARK}(case_id, *requirements): a meshspec conformance case")
     seed = config.getoption("--meshspec-seed")
     report_dir = config.getoption("--meshspec-report-dir")
+    broker_spec = config.getoption("--meshspec-broker-url") or config.getoption("--meshspec-broker-launch")
+    daemon_spec = (config.getoption("--meshspec-launch") and "launch") or config.getoption("--meshspec-target")
     config.stash[STATE] = RunState(
-        target_spec=(config.getoption("--meshspec-launch") and "launch") or config.getoption("--meshspec-target"),
+        target_spec=f"broker {broker_spec}" if broker_spec else daemon_spec,
         strict=config.getoption("--meshspec-strict"),
         seed=seed if seed is not None else random.SystemRandom().randrange(2**31),
         report_dir=Path(report_dir) if report_dir else None,
@@ -181,6 +188,60 @@ def tcp_api(request: pytest.FixtureRequest, mesh_target: Target) -> Iterator[Con
 def rng(request: pytest.FixtureRequest) -> random.Random:
     seed = request.config.stash[STATE].seed
     return random.Random(f"{seed}:{request.node.nodeid}")
+
+
+@pytest.fixture(scope="session")
+def broker_target(request: pytest.FixtureRequest):
+    """The broker under test (broker suite)."""
+    from .broker_target import REFERENCE_BROKER, BrokerTarget, BrokerTargetError
+
+    config = request.config
+    launch = config.getoption("--meshspec-broker-launch")
+    target = BrokerTarget(url=config.getoption("--meshspec-broker-url"),
+                          template=REFERENCE_BROKER if launch == "reference" else launch,
+                          mesh_id=config.getoption("--meshspec-mesh-id"),
+                          store_dsn=config.getoption("--meshspec-store-dsn"))
+    try:
+        target.start()
+    except BrokerTargetError as exc:
+        config.stash[STATE].harness_errors.append(str(exc))
+        target.close()
+        pytest.exit(f"meshconform: {exc}", returncode=2)
+    yield target
+    target.close()
+
+
+@pytest.fixture
+def member(broker_target):
+    """A factory of member connections to the broker under test; all are closed after the case."""
+    from .member import Member
+
+    made: list[Member] = []
+
+    def make(name: str = "meshconform") -> Member:
+        made.append(Member(broker_target.url, broker_target.mesh_id, name=name))
+        return made[-1]
+
+    yield make
+    for peer in made:
+        peer.close()
+
+
+@pytest.fixture
+def store_inventory(broker_target):
+    """A callable returning the §4.7.3 inventory violations read directly from the broker's store."""
+    if not broker_target.store_dsn:
+        pytest.skip("needs --store-dsn: the broker's store is checked directly")
+    from reference.broker.store import open_store
+
+    def inventory() -> list[str]:
+        store = open_store(broker_target.store_dsn)
+        try:
+            return [f"{v.kind} {v.ref}: {v.detail}" for v in store.orphan_check()]
+        finally:
+            store.close()
+
+    return inventory
 
 
 def _record_deviations(request: pytest.FixtureRequest, client: ContractClient) -> None:

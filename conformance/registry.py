@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 CASES_DIR = Path(__file__).resolve().parent / "cases"
+BROKER_CASES_DIR = Path(__file__).resolve().parent / "broker_cases"
 MARK = "meshspec"
 
 
@@ -36,10 +37,10 @@ def case(case_id: str, *requirements: str):
 
 
 @functools.cache
-def cases(cases_dir: Path = CASES_DIR) -> tuple[CaseInfo, ...]:
-    """Every case, in file and line order."""
+def cases(*dirs: Path) -> tuple[CaseInfo, ...]:
+    """Every case (of the daemon and the broker suites, or of ``dirs``), in file and line order."""
     found: list[CaseInfo] = []
-    for path in sorted(cases_dir.glob("test_*.py")):
+    for path in [p for d in (dirs or (CASES_DIR, BROKER_CASES_DIR)) for p in sorted(d.glob("test_*.py"))]:
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
             if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):

@@ -23,9 +23,13 @@ from . import registry
 
 def _replay(state: Any, case_id: str) -> str:
     target = state.target_spec
-    parts = ["meshconform run", f"--target {target}" if target not in ("launch",) else "--launch '<your template>'",
-             f"--select {case_id}", f"--seed {state.seed}"]
-    return " ".join(parts)
+    if target.startswith("broker "):
+        spec = target.removeprefix("broker ")
+        where = "" if spec == "reference" else (f"--url {spec}" if spec.startswith("ws://") else f"--launch '{spec}'")
+        parts = ["meshconform broker", where]
+    else:
+        parts = ["meshconform run", f"--target {target}" if target != "launch" else "--launch '<your template>'"]
+    return " ".join(p for p in [*parts, f"--select {case_id}", f"--seed {state.seed}"] if p)
 
 
 def build_report(state: Any) -> dict[str, Any]:

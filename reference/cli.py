@@ -73,7 +73,9 @@ def spec_main(argv: list[str]) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from reference.broker.cli import add_commands as broker_commands
     from reference.daemon.cli import add_commands as daemon_commands
+    from reference.sandbox import add_command as sandbox_command
 
     parser = argparse.ArgumentParser(prog="meshd", description="meshspec: the spec tools, the reference daemon "
                                      "and the reference broker for the claudemesh daemon protocol v0.9.0")
@@ -81,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="<command>")
     sub.add_parser("spec", help="the specification tools: " + ", ".join(SPEC_TOOLS), add_help=False)
     daemon_commands(sub)
+    broker_commands(sub)
+    sandbox_command(sub)
     return parser
 
 

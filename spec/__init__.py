@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import functools
 import json
+import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import yaml
-from jsonschema import Draft202012Validator, FormatChecker
+from jsonschema import Draft202012Validator, FormatChecker, ValidationError, validators
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
@@ -87,8 +89,39 @@ def schema(ref: str, spec_dir: Path = SPEC_DIR) -> dict[str, Any]:
 
 
 @functools.cache
+def ecma_pattern(pattern: str) -> re.Pattern[str]:
+    """Compile a JSON Schema (ECMA-262) pattern for Python: an unescaped ``$`` outside a class becomes ``\\Z``.
+
+    In ECMA-262 ``$`` (without the multiline flag) matches only at the end of the input; Python's ``$`` also matches
+    before a final newline, so ``^[a-z]+$`` would accept ``"abc\\n"``.
+    """
+    out: list[str] = []
+    in_class = False
+    i = 0
+    while i < len(pattern):
+        char = pattern[i]
+        if char == "\\":
+            out.append(pattern[i:i + 2])
+            i += 2
+            continue
+        if char == "[":
+            in_class = True
+        elif char == "]":
+            in_class = False
+        out.append(r"\Z" if char == "$" and not in_class else char)
+        i += 1
+    return re.compile("".join(out))
+
+
+def _ecma_pattern_keyword(checker: Any, pattern: str, instance: Any, _schema: Any) -> Iterator[ValidationError]:
+    if checker.is_type(instance, "string") and not ecma_pattern(pattern).search(instance):
+        yield ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+SpecValidator = validators.extend(Draft202012Validator, {"pattern": _ecma_pattern_keyword})
+
+
+@functools.cache
 def validator(ref: str, spec_dir: Path = SPEC_DIR) -> Draft202012Validator:
-    """A validator for the schema named ``group/name``, with formats checked."""
-    return Draft202012Validator(
-        schema(ref, spec_dir), registry=schema_registry(spec_dir), format_checker=FormatChecker()
-    )
+    """A validator for the schema named ``group/name``, with formats checked and ECMA-262 ``pattern`` semantics."""
+    return SpecValidator(schema(ref, spec_dir), registry=schema_registry(spec_dir), format_checker=FormatChecker())

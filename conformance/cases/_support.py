@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 
 _counter = itertools.count()
+TERMINAL = frozenset({"done", "dead", "aborted"})
 
 
 def unique(prefix: str) -> str:
@@ -46,6 +47,8 @@ def wait_row(client: Any, cmid: str, status: str | tuple[str, ...], timeout: flo
         row = row_for(client, cmid)
         if row and row["status"] in wanted and (not attempted or row["last_error"]):
             return row
+        if row and row["status"] in TERMINAL and row["status"] not in wanted:
+            raise AssertionError(f"{cmid} settled in {row['status']}, expected {wanted}: {row}")
         time.sleep(0.05)
     raise AssertionError(f"{cmid} did not reach {wanted} within {timeout:g} s; last seen: {row}")
 

@@ -112,14 +112,18 @@ def test_sse_replay(api, broker, mesh_target):
 @case("transport.auth", "AUTH-BEARER", "AUTH-TOKEN-QUERY", "AUTH-HOST", "AUTH-ORIGIN")
 def test_tcp_auth_matrix(tcp_api, mesh_target):
     base = str(tcp_api.client.base_url)
+    token = tcp_api.client.headers["Authorization"].split(" ", 1)[1]
     with httpx.Client(base_url=base, verify=False) as anonymous:
+        for near in (token[:-1], token + "x", token.upper() if token != token.upper() else token.lower()):
+            almost = anonymous.get("/v1/health", headers={"Authorization": f"Bearer {near}"})
+            tcp_api.check(almost)
+            assert (almost.status_code, almost.json()["error"]) == (401, "invalid_bearer_token"), near
         response = anonymous.get("/v1/health")
         tcp_api.check(response)
         assert (response.status_code, response.json()["error"]) == (401, "missing_bearer_token")
         wrong = anonymous.get("/v1/health", headers={"Authorization": "Bearer not-the-token"})
         tcp_api.check(wrong)
         assert (wrong.status_code, wrong.json()["error"]) == (401, "invalid_bearer_token")
-    token = tcp_api.client.headers["Authorization"].split(" ", 1)[1]
     assert tcp_api.get("/v1/health", params={"token": token}).json()["error"] == "token_in_query"
     assert tcp_api.get("/v1/health", headers={"Host": "attacker.example"}).json()["error"] == "forbidden_host"
     assert tcp_api.get("/v1/health", headers={"Origin": "https://attacker.example"}).json()["error"] == \
@@ -139,6 +143,19 @@ def test_socket_and_token_modes(mesh_target):
     assert stat.S_IMODE(os.stat(instance.token_file).st_mode) == 0o600
     token = instance.token_file.read_text().strip()
     assert len(token) >= 43, "32 random bytes, base64url"
+
+
+MALFORMED = [b"{", b"\xff\xfe", b"[1]", b'{"to":"#a","message":NaN}', b"[" * 50_000, b'{"a":1,"a":2}', b"null",
+             b'"just a string"', b'{"to":"#a","message":"m"} trailing']
+
+
+@case("transport.malformed_json", "ERR-NO-5XX-ON-BAD-INPUT", "ERR-PROBLEM-JSON")
+@pytest.mark.parametrize("route", ["/v1/send", "/v1/profile", "/v1/outbox/requeue"])
+def test_malformed_json_is_a_4xx_problem(api, route):
+    for body in MALFORMED:
+        response = api.post(route, content=body, headers={"Content-Type": "application/json"})
+        assert 400 <= response.status_code < 500, (route, body[:20], response.status_code)
+        assert response.headers["content-type"].startswith("application/problem+json")
 
 
 @case("transport.limits", "LIMIT-BODY", "ERR-PROBLEM-JSON")

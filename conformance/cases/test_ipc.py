@@ -49,7 +49,7 @@ def bring_to(api, broker, state: str, cmid: str) -> None:
 
 @case("ipc.lookup.row", "IPC-NEW-ROW", "IPC-PENDING-MATCH", "IPC-INFLIGHT-MATCH", "IPC-DONE-MATCH",
       "IPC-DONE-MISMATCH", "IPC-DEAD-MATCH", "IPC-CONFLICT-NO-MUTATION", "FP-PREFIX-409", "REQUEUE-NEVER-FREES",
-      "IPC-STABLE-ID")
+      "IPC-STABLE-ID", "FP-FROZEN")
 @pytest.mark.parametrize("row", ipc_table().rows, ids=lambda r: r.id)
 def test_lookup_row(api, broker, row):
     """Each row of spec/tables/ipc_lookup.yaml, reached through the protocol and answered exactly."""

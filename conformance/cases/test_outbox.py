@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import itertools
-import time
 
 import pytest
 
 from conformance.cases._support import read_events, row_for, unique, wait_row
-from conformance.peer import ACCEPT_SILENTLY, DROP, SILENT, conflict, duplicate, fail, reject
+from conformance.peer import ACCEPT_SILENTLY, DROP, SILENT, ScriptedBroker, conflict, duplicate, fail, reject
 from conformance.registry import case
+from conformance.target import HARNESS_CONFIG
 
 BODY = {"to": "#general", "message": "lifecycle"}
 
@@ -138,18 +138,26 @@ def test_requeue_audit_trail(api, broker):
 
 
 @case("outbox.late_ack", "OBX-LATE-ACK")
-def test_late_ack_after_timeout_is_applied(api, broker):
-    """The broker commits but answers after the ack timeout: the late 201 moves the (pending) row to done."""
-    cmid = unique("late")
-    broker.answer(cmid, ACCEPT_SILENTLY, SILENT, SILENT, SILENT)
-    send(api, cmid)
-    wait_row(api, cmid, ("pending", "inflight"), attempted=True, timeout=30)
-    entry = broker.dedupe[cmid]
-    broker.send_raw({"type": "ack", "id": cmid, "client_message_id": cmid, "status": 201,
-                     "messageId": entry.broker_message_id, "queued": True,
-                     "broker_message_id": entry.broker_message_id, "history_id": entry.history_id,
-                     "duplicate": False})
-    row = wait_row(api, cmid, "done", timeout=15)
-    assert row["broker_message_id"] == entry.broker_message_id
-    time.sleep(0.2)
-    assert row_for(api, cmid)["status"] == "done"
+def test_late_ack_after_timeout_is_applied(launcher):
+    """The broker commits but answers only after the ack timeout: the late 201 moves the pending row to done.
+
+    Retries are slowed down so the late ack meets the row in `pending` (not in a retry's `inflight`), and every
+    later attempt is ignored, so only the late ack can finish the row.
+    """
+    config = HARNESS_CONFIG.replace("retry_base_ms = 100", "retry_base_ms = 8000").replace(
+        "retry_max_ms = 500", "retry_max_ms = 8000")
+    with ScriptedBroker() as peer:
+        instance = launcher.launch("late-ack", config=config, broker=peer)
+        cmid = unique("late")
+        peer.answer(cmid, ACCEPT_SILENTLY, *[SILENT] * 20)
+        with instance.unix() as client:
+            assert client.post("/v1/send", json=BODY, headers={"Idempotency-Key": cmid}).status_code == 202
+            wait_row(client, cmid, "pending", attempted=True, timeout=30)
+            entry = peer.dedupe[cmid]
+            peer.send_raw({"type": "ack", "id": cmid, "client_message_id": cmid, "status": 201,
+                           "messageId": entry.broker_message_id, "queued": True,
+                           "broker_message_id": entry.broker_message_id, "history_id": entry.history_id,
+                           "duplicate": False})
+            row = wait_row(client, cmid, "done", timeout=4)
+        assert row["broker_message_id"] == entry.broker_message_id
+        assert [f["client_message_id"] for f in peer.received("send")].count(cmid) == 1

@@ -89,3 +89,13 @@ def store(request: pytest.FixtureRequest, tmp_path) -> Iterator[BrokerStore]:
         yield store
     finally:
         store.close()
+
+
+@pytest.fixture(params=ENGINES)
+def store_url(request: pytest.FixtureRequest, tmp_path) -> str:
+    """The URL of a new, empty store database (not migrated): a SQLite file, or a database on the session cluster.
+    For the broker server tests (test_server*.py), which open the store themselves."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'broker.db'}"
+    cluster: PgCluster = request.getfixturevalue("pg_cluster")
+    return cluster.create_database(f"broker_server_{next(_databases)}")

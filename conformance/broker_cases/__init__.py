@@ -1,0 +1,1 @@
+"""Conformance cases for brokers (`meshconform broker`): the harness plays the daemons."""

@@ -1,0 +1,105 @@
+"""The broker under test: an already running one (``--url ws://…``) or one the harness launches and can restart.
+
+The reference target launches `meshd broker serve --dev` on a SQLite store in a temporary directory. A launch
+template for another broker uses ``{port}`` (a free 127.0.0.1 port to listen on) and ``{state_dir}``. Brokers in
+development mode admit any member; for a production broker, give the harness member keys it has registered.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .launch import free_port
+
+REFERENCE_BROKER = (
+    f"{shlex.quote(sys.executable)} -m reference.cli broker serve --store sqlite:///{{state_dir}}/broker.db "
+    "--listen 127.0.0.1:{port} --dev --lease-s 1.0 --inline-bytes 65536"
+)
+
+
+class BrokerTargetError(RuntimeError):
+    """The broker could not be started or reached (a harness error)."""
+
+
+@dataclass
+class BrokerTarget:
+    url: str | None = None
+    template: str | None = None
+    mesh_id: str = "meshconform"
+    store_dsn: str | None = None
+    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="meshconform-broker-")))
+    port: int = field(default_factory=free_port)
+    process: subprocess.Popen | None = None
+
+    @property
+    def can_restart(self) -> bool:
+        return self.template is not None
+
+    def start(self) -> BrokerTarget:
+        if self.template is not None:
+            (self.workdir / "broker").mkdir(parents=True, exist_ok=True)
+            if self.template == REFERENCE_BROKER and self.store_dsn is None:
+                self.store_dsn = f"sqlite:///{self.workdir / 'broker' / 'broker.db'}"
+            self.url = f"ws://127.0.0.1:{self.port}"
+            self._spawn()
+        if not self.url:
+            raise BrokerTargetError("give --url ws://HOST:PORT or a launch template")
+        host, _, port = self.url.removeprefix("ws://").partition(":")
+        self._wait_listening(host, int(port.split("/")[0] or 80))
+        return self
+
+    def _spawn(self) -> None:
+        command = shlex.split(self.template.format(state_dir=self.workdir / "broker", port=self.port))
+        log = (self.workdir / "broker.log").open("ab")
+        self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                        start_new_session=True)
+        log.close()
+
+    def _wait_listening(self, host: str, port: int, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise BrokerTargetError(f"the broker exited with {self.process.returncode}:\n{self.tail()}")
+            try:
+                with socket.create_connection((host, port), timeout=0.5):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise BrokerTargetError(f"nothing listens on {host}:{port} after {timeout:g} s:\n{self.tail()}")
+
+    def tail(self) -> str:
+        try:
+            return "\n".join((self.workdir / "broker.log").read_text(errors="replace").splitlines()[-30:])
+        except OSError:
+            return ""
+
+    def kill9(self) -> None:
+        if self.process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
+
+    def restart(self) -> None:
+        self.kill9()
+        self._spawn()
+        self._wait_listening("127.0.0.1", self.port)
+
+    def close(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGTERM)
+                self.process.wait(timeout=10)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                self.kill9()
+        shutil.rmtree(self.workdir, ignore_errors=True)

@@ -1,0 +1,201 @@
+"""The kill matrix: run meshconform against every mutant and miniature and record which requirements caught it.
+
+    python -m conformance.mutants.killmatrix [--json] [--only NAME ...] [--full] [--control] [--workers 2]
+
+Each subject runs as ``meshconform run --launch TEMPLATE --select <its selection> --strict --seed 1 --report-dir DIR
+--quiet`` in a subprocess (its own scripted broker and daemon on 127.0.0.1; ``--strict`` so a SHOULD failure fails the
+run too). A subject is *killed* when one of the requirements it is expected to fail has verdict ``fail`` in
+report.json, or, for a subject expected to be a harness error, when meshconform exits 2. Exit status: 1 when any
+subject survived (known gaps included) or the control failed, else 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from . import HARNESS_ERROR, MUTANTS, UNDETECTABLE, Mutant, template
+from .miniatures import MINIATURES
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def control_subject(selection: Sequence[str]) -> Mutant:
+    """The reference through the mutants' own entry point, nothing patched, on ``selection`` (the control)."""
+    return Mutant("reference", "the reference daemon via conformance.mutants, nothing patched (the control)", (),
+                  select=tuple(selection), kind="control", launch=template("reference"), est_s=60)
+
+
+@dataclass
+class Verdict:
+    """What one meshconform run made of one subject."""
+
+    name: str
+    kind: str
+    description: str
+    expected: list[str]
+    selection: list[str]
+    exit_code: int
+    verdicts: dict[str, str] = field(default_factory=dict)  # requirement id -> verdict, for every checked one
+    failed_cases: list[str] = field(default_factory=list)
+    harness_errors: list[str] = field(default_factory=list)
+    duration_s: float = 0.0
+    output_tail: str = ""
+
+    @property
+    def killed_by(self) -> list[str]:
+        """The expected requirements that failed (``harness_error`` when that was expected and happened)."""
+        hits = [r for r in self.expected if self.verdicts.get(r) == "fail"]
+        if HARNESS_ERROR in self.expected and self.exit_code == 2:
+            hits.append(HARNESS_ERROR)
+        return hits
+
+    @property
+    def killed(self) -> bool:
+        return bool(self.killed_by)
+
+    @property
+    def also_failed(self) -> list[str]:
+        """Requirements that failed although the subject was not expected to fail them."""
+        return [r for r, v in self.verdicts.items() if v == "fail" and r not in self.expected]
+
+    @property
+    def passed(self) -> bool:
+        """For the control: the run passed and no requirement failed."""
+        return self.exit_code == 0 and "fail" not in self.verdicts.values()
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "killed": self.killed, "killed_by": self.killed_by, "also_failed": self.also_failed}
+
+
+def subjects(only: Iterable[str] = ()) -> list[Mutant]:
+    """Every runnable mutant, then every miniature (or just those named in ``only``)."""
+    everything = {**MUTANTS, **MINIATURES}
+    names = list(only) or list(everything)
+    unknown = [n for n in names if n not in everything]
+    if unknown:
+        raise KeyError(f"unknown mutant or miniature: {', '.join(unknown)}")
+    return [everything[n] for n in names]
+
+
+def run_one(subject: Mutant, select: Sequence[str] | None = None, seed: int = 1, timeout: float = 600.0) -> Verdict:
+    """Run meshconform once against ``subject`` (``select=None``: its own selection; ``[]``: the whole suite)."""
+    selection = list(subject.selection if select is None else select)
+    with tempfile.TemporaryDirectory(prefix=f"killmatrix-{subject.name}-") as tmp:
+        argv = [sys.executable, "-m", "conformance.cli", "run", "--launch", subject.template,
+                "--strict", "--seed", str(seed), "--report-dir", tmp, "--quiet"]
+        for item in selection:
+            argv += ["--select", item]
+        started = time.monotonic()
+        try:
+            done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=timeout, check=False)
+            exit_code, output = done.returncode, done.stdout + done.stderr
+        except subprocess.TimeoutExpired as exc:
+            exit_code, output = -1, f"meshconform did not finish within {timeout:g} s: {exc}"
+        verdict = Verdict(subject.name, subject.kind, subject.description, list(subject.kills), selection, exit_code,
+                          duration_s=round(time.monotonic() - started, 1), output_tail=output[-3000:])
+        report_path = Path(tmp) / "report.json"
+        if report_path.exists():
+            report = json.loads(report_path.read_text(encoding="utf-8"))
+            verdict.verdicts = {r["id"]: r["verdict"] for r in report["requirements"]
+                                if r["verdict"] != "not_checked"}
+            verdict.failed_cases = [c["id"] for c in report["cases"] if c["outcome"] in ("failed", "error")]
+            verdict.harness_errors = list(report["harness_errors"])
+    return verdict
+
+
+def run(mutants: Sequence[Mutant], select_by_expected: bool = True, workers: int = 2, seed: int = 1,
+        console: Console | None = None) -> list[Verdict]:
+    """Run every subject (``select_by_expected=False``: the whole suite each time), print the matrix, return it.
+
+    Runs go ``workers`` at a time, the longest expected first; the matrix keeps the order of ``mutants``.
+    """
+    order = sorted(range(len(mutants)), key=lambda i: -mutants[i].est_s)
+    with ThreadPoolExecutor(max(1, workers)) as pool:
+        futures = {i: pool.submit(run_one, mutants[i], None if select_by_expected else [], seed) for i in order}
+        matrix = [futures[i].result() for i in range(len(mutants))]
+    if console is not None:
+        render(matrix, console)
+    return matrix
+
+
+_COLOR = {"fail": "red", "pass": "green", "skip": "yellow"}
+
+
+def render(matrix: Sequence[Verdict], console: Console) -> None:
+    """The matrix: each subject against its expected requirements, and whatever else failed."""
+    table = Table(title="meshconform kill matrix", show_lines=False)
+    for column in ("subject", "kind", "expected requirement → verdict", "also failed", "result", "s"):
+        table.add_column(column, overflow="fold")
+    for row in matrix:
+        cells = []
+        for requirement in row.expected:
+            if requirement == HARNESS_ERROR:
+                value = "exit 2" if row.exit_code == 2 else f"exit {row.exit_code}"
+                color = "red" if row.exit_code == 2 else "yellow"
+            else:
+                value = row.verdicts.get(requirement, "not run")
+                color = _COLOR.get(value, "dim")
+            cells.append(f"{requirement} → [{color}]{value}[/]")
+        if row.kind == "control":
+            result = "[green]passes[/]" if row.passed else f"[bold red]FAILS (exit {row.exit_code})[/]"
+        elif row.killed:
+            result = "[green]killed[/]"
+        else:
+            result = "[bold red]SURVIVED[/]" + (" (known gap)" if _known_gap(row.name) else "")
+        table.add_row(row.name, row.kind, "\n".join(cells) or "—", " ".join(row.also_failed) or "—", result,
+                      f"{row.duration_s:g}")
+    for entry in UNDETECTABLE.values():
+        table.add_row(entry.name, "undetectable", " ".join(entry.kills), "—", "[dim]not run[/]", "—")
+    console.print(table)
+    survivors = [r.name for r in matrix if r.kind != "control" and not r.killed]
+    killed = sum(1 for r in matrix if r.kind != "control" and r.killed)
+    console.print(f"killed {killed} of {killed + len(survivors)}"
+                  + (f"; [bold red]survived: {', '.join(survivors)}[/]" if survivors else ""))
+    for name in survivors:
+        if _known_gap(name):
+            console.print(f"[yellow]{name}: known gap: {_known_gap(name)}[/]")
+    for entry in UNDETECTABLE.values():
+        console.print(f"[dim]{entry.name} not run: {entry.undetectable}[/]")
+
+
+def _known_gap(name: str) -> str | None:
+    entry = MUTANTS.get(name) or MINIATURES.get(name)
+    return None if entry is None else entry.known_gap
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m conformance.mutants.killmatrix",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print the matrix as JSON on stdout")
+    parser.add_argument("--only", action="append", default=[], help="a mutant or miniature name (repeatable)")
+    parser.add_argument("--full", action="store_true", help="run the whole suite against each, not its selection")
+    parser.add_argument("--control", action="store_true", help="also run the reference on the union of selections")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    chosen = subjects(args.only)
+    if args.control:
+        chosen.append(control_subject([] if args.full else sorted({item for m in chosen for item in m.selection})))
+    console = Console(stderr=args.json, width=160)
+    matrix = run(chosen, select_by_expected=not args.full, workers=args.workers, seed=args.seed)
+    if args.json:
+        print(json.dumps([row.as_dict() for row in matrix], indent=2))
+    render(matrix, console)
+    failed = [r for r in matrix if (r.kind == "control" and not r.passed) or (r.kind != "control" and not r.killed)]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

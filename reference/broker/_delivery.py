@@ -1,0 +1,116 @@
+"""Fan-out: push committed deliveries to connected recipients, again after each lapsed lease, until client_ack.
+
+Theory of operation. The delivery rows are the authority (§4.7.1: they commit with the message, so nothing
+uncommitted can ever be pushed). One dispatcher thread decides *whom* to serve: a recipient is due when a commit
+named it, when it connected, and on every tick (a fraction of the lease, so a lapsed lease is noticed in time).
+Serving a recipient runs on the broker's database pool: lease its due rows (``pending_deliveries``: attempt + 1,
+lease until now + lease), push each to the member's newest session in the row's mesh, repeat while full batches
+come back. At most one job per recipient runs at a time. A push that finds no session (the connection went away)
+is simply not made: the lease lapses and the row is leased again, to whichever session is there then.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor
+from typing import Any
+
+from reference.broker.store import Delivery, rfc3339_ms
+
+log = logging.getLogger("meshbroker.delivery")
+BATCH = 100
+
+
+def push_frame(delivery: Delivery, sender_name: str | None = None) -> dict[str, Any]:
+    """The message ``push`` frame (spec/schemas/broker/push.json) for one leased delivery row."""
+    frame: dict[str, Any] = {
+        "type": "push", "messageId": delivery.broker_message_id, "meshId": delivery.mesh_id,
+        "senderPubkey": delivery.sender_pubkey,
+        "topic": delivery.destination_ref if delivery.destination_kind == "topic" else None,
+        "replyToId": delivery.reply_to_id or None, "priority": delivery.priority, "body": delivery.body,
+        "meta": dict(delivery.meta) if delivery.meta is not None else None,
+        "createdAt": rfc3339_ms(delivery.created_at_ms), "client_message_id": delivery.client_message_id,
+        "delivery_id": str(delivery.delivery_id), "attempt": delivery.attempt,
+    }
+    if sender_name:
+        frame["senderName"] = sender_name
+    return frame
+
+
+class Dispatcher(threading.Thread):
+    """The delivery dispatcher; ``due(pubkeys)`` wakes it, ``stop()`` ends it.
+
+    Args:
+        pool: where the store calls run (the broker's bounded database pool).
+        lease: ``lease(recipient) -> [Delivery]`` leases that recipient's due rows.
+        deliver: ``deliver(delivery) -> bool`` pushes one row to its recipient's session (False: nobody to push to).
+        connected: ``connected() -> set[pubkey]`` every member with an active session.
+        tick_s: how often every connected member is looked at regardless of commits.
+    """
+
+    def __init__(self, pool: Executor, lease: Callable[[str], list[Delivery]], deliver: Callable[[Delivery], bool],
+                 connected: Callable[[], set[str]], tick_s: float):
+        super().__init__(name="meshbroker-dispatcher", daemon=True)
+        self.pool = pool
+        self.lease = lease
+        self.deliver = deliver
+        self.connected = connected
+        self.tick_s = tick_s
+        self._cond = threading.Condition()
+        self._due: set[str] = set()
+        self._busy: set[str] = set()
+        self._stopping = False
+
+    def due(self, pubkeys: Any) -> None:
+        """Serve these recipients soon (a commit named them, or they just connected)."""
+        with self._cond:
+            self._due.update(pubkeys)
+            self._cond.notify()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+
+    def run(self) -> None:
+        next_tick = time.monotonic() + self.tick_s
+        while True:
+            with self._cond:
+                while not self._stopping and not (self._due - self._busy) and time.monotonic() < next_tick:
+                    self._cond.wait(max(0.0, next_tick - time.monotonic()))
+                if self._stopping:
+                    return
+                ticked = time.monotonic() >= next_tick
+                wanted = set(self._due)
+            connected = self.connected()
+            if ticked:
+                wanted |= connected
+                next_tick = time.monotonic() + self.tick_s
+            with self._cond:
+                self._due -= wanted - connected  # nobody to push to: their rows wait for them to connect
+                start = (wanted & connected) - self._busy
+                self._due -= start
+                self._busy |= start
+            for pubkey in start:
+                try:
+                    self.pool.submit(self._serve, pubkey)
+                except RuntimeError:  # the pool is shutting down
+                    return
+
+    def _serve(self, pubkey: str) -> None:
+        try:
+            while True:
+                rows = self.lease(pubkey)
+                for delivery in rows:
+                    self.deliver(delivery)
+                if len(rows) < BATCH:
+                    break
+        except Exception:
+            log.exception("delivery to %s failed; its rows are leased again after the lease", pubkey)
+        finally:
+            with self._cond:
+                self._busy.discard(pubkey)
+                self._cond.notify()
