@@ -440,13 +440,14 @@ class BrokerServer:
         if session is None or delivery.client_message_id is None:
             return False
         sender = self.presence.target(delivery.mesh_id, delivery.sender_pubkey)
-        if not session.send(push_frame(delivery, sender.display_name if sender else None)):
-            return False
+        # Traced before the frame is written: the recipient's client_ack (traced by another thread) can arrive
+        # before send() returns, and the trace must never show an ack ahead of its delivery. A push the connection
+        # refuses is leased all the same, and its redelivery after the lease is traced as the next attempt.
         self._emit("delivery", mesh=delivery.mesh_id, broker_message_id=delivery.broker_message_id,
                    client_message_id=delivery.client_message_id, recipient=delivery.recipient_pubkey,
                    delivery_id=str(delivery.delivery_id), attempt=delivery.attempt,
                    lease_until_ms=delivery.lease_until_ms)
-        return True
+        return session.send(push_frame(delivery, sender.display_name if sender else None))
 
     def _on_client_ack(self, session: Session, frame: dict[str, Any]) -> None:
         delivery_id = frame["delivery_id"]

@@ -62,6 +62,11 @@ def policy_for(config: Config | dict) -> OutboxPolicy:
                         max_age_hours=int(outbox["max_age_hours_override"] or min(outbox["max_age_hours"], 720)))
 
 
+def daemon_node(keypair: Any) -> str:
+    """The daemon's node name in traces."""
+    return f"daemon-{keypair.public_hex[:16]}"
+
+
 def lock_state_dir(state_dir: Path) -> None:
     """Hold an exclusive lock on the state directory for this process and its worker (one daemon per directory)."""
     handle = (state_dir / "daemon.lock").open("a+")
@@ -73,6 +78,29 @@ def lock_state_dir(state_dir: Path) -> None:
         raise PreflightError(EXIT_LOCKED, f"another daemon (pid {pid}) is running in {state_dir}") from exc
     _LOCKS.append(handle)
     (state_dir / "daemon.pid").write_text(f"{os.getpid()}\n", encoding="ascii")
+
+
+def trace_store_item(trace: TraceWriter, mesh: str, item: Any) -> None:
+    """Write the trace events for one committed ``IpcDecision`` or ``Transition`` of the outbox store."""
+    if hasattr(item, "http_status"):
+        trace.emit("ipc_decision", mesh=mesh, client_message_id=item.body["client_message_id"],
+                   request_fingerprint=item.request_fingerprint.hex(),
+                   row_state=item.row_state, fingerprint_match=item.fingerprint_match,
+                   table_row=item.table_row, http_status=item.http_status, outbox_id=item.outbox_id)
+        return
+    if item.outcome != "transition":
+        return
+    # A requeue is traced as two events with the requeue row: old row -> aborted, successor none -> pending.
+    for current, before in ((item.after, item.before), (item.successor, None)):
+        if current is None:
+            continue
+        trace.emit("outbox_transition", mesh=mesh, outbox_id=current.id,
+                   client_message_id=current.client_message_id,
+                   request_fingerprint=current.request_fingerprint.hex(),
+                   **{"from": "none" if before is None else before.status}, to=current.status,
+                   event=item.event, table_row=item.table_row, attempts=current.attempts,
+                   enqueued_at_ms=current.enqueued_at, max_age_at_ms=current.max_age_at,
+                   broker_message_id=current.broker_message_id, superseded_by=current.superseded_by)
 
 
 def preflight(state_dir: Path, config: Config) -> list[str]:
@@ -113,6 +141,14 @@ def preflight(state_dir: Path, config: Config) -> list[str]:
         outbox.close()
     if recovered:
         notes.append(f"crash recovery: {len(recovered)} inflight row(s) returned to pending")
+        if config["trace"]["dir"]:  # the recovery transitions belong in the trace like every other transition
+            keypair, _ = identity.load_or_mint_keypair(state_dir)
+            trace = TraceWriter(Path(config["trace"]["dir"]), "daemon", daemon_node(keypair))
+            try:
+                for transition in recovered:
+                    trace_store_item(trace, config["daemon"]["mesh"], transition)
+            finally:
+                trace.close()
     inbox, quarantined = InboxStore.open_or_quarantine(state_dir / "inbox.db")
     inbox.close()
     if quarantined is not None:
@@ -131,8 +167,7 @@ class Runtime:
         self._stop_master: Callable[[], None] | None = None
         self.keypair, _ = identity.load_or_mint_keypair(state_dir)
         self.token = identity.load_or_mint_token(state_dir)
-        node = f"daemon-{self.keypair.public_hex[:16]}"
-        self.trace = TraceWriter(trace_dir, "daemon", node) if trace_dir else None
+        self.trace = TraceWriter(trace_dir, "daemon", daemon_node(self.keypair)) if trace_dir else None
         self.outbox = OutboxStore(state_dir / "outbox.db", policy_for(config), config["outbox"]["synchronous"],
                                   trace=self._trace_store if self.trace else None)
         self.inbox, _ = InboxStore.open_or_quarantine(state_dir / "inbox.db")
@@ -151,26 +186,7 @@ class Runtime:
         self._closed = threading.Event()
 
     def _trace_store(self, item: Any) -> None:
-        mesh = self.config["daemon"]["mesh"]
-        if hasattr(item, "http_status"):
-            self.trace.emit("ipc_decision", mesh=mesh, client_message_id=item.body["client_message_id"],
-                            request_fingerprint=item.request_fingerprint.hex(),
-                            row_state=item.row_state, fingerprint_match=item.fingerprint_match,
-                            table_row=item.table_row, http_status=item.http_status, outbox_id=item.outbox_id)
-            return
-        if item.outcome != "transition":
-            return
-        # A requeue is traced as two events with the requeue row: old row -> aborted, successor none -> pending.
-        for current, before in ((item.after, item.before), (item.successor, None)):
-            if current is None:
-                continue
-            self.trace.emit("outbox_transition", mesh=mesh, outbox_id=current.id,
-                            client_message_id=current.client_message_id,
-                            request_fingerprint=current.request_fingerprint.hex(),
-                            **{"from": "none" if before is None else before.status}, to=current.status,
-                            event=item.event, table_row=item.table_row, attempts=current.attempts,
-                            enqueued_at_ms=current.enqueued_at, max_age_at_ms=current.max_age_at,
-                            broker_message_id=current.broker_message_id, superseded_by=current.superseded_by)
+        trace_store_item(self.trace, self.config["daemon"]["mesh"], item)
 
     def start(self, stop_master: Callable[[], None] | None = None) -> None:
         self._stop_master = stop_master
