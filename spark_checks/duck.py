@@ -1,0 +1,231 @@
+"""The catalogue in DuckDB SQL: what a user would run on one machine instead of Spark (bench-only: needs ``duckdb``).
+
+``bench/trace_check.py`` runs it next to the Spark checks on the same trace; the tests hold it to the oracle's
+answers so the comparison is of equal work. It is written as plain SQL the way a DuckDB user would write it --
+windows over the natural subjects, ``arg_min``/``arg_max`` for first and last events, no chunking (one machine needs
+no skew handling) -- with the same per-node shortcut the Spark checks use (a node whose ``seq - line`` is constant
+has strictly increasing seqs). It reports the same (invariant, key, event, related) identities; evidence is not
+collected.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from . import format as fmt
+from .catalogue import BY_ID, DEFAULT_REDELIVERY_GRACE_MS, EventRef, Violation
+from .oracle import Report, Tables, sort_violations
+
+STATES = ("none", "pending", "inflight", "done", "dead", "aborted")
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _candidates_sql(grace: int, seq_suspects: list[str]) -> str:
+    suspects = ", ".join(_literal(n) for n in seq_suspects) or "NULL"
+    return f"""
+WITH
+rows AS MATERIALIZED (
+  SELECT e.node, e.client_message_id AS cmid, e.seq, e.line, e.ts_ms, e.kind = 'outbox_transition' AS is_ot,
+         e.outbox_id AS oid, e.request_fingerprint AS fp, e.from_state AS fr, e.to_state AS tos, e.attempts AS att,
+         e.table_row, e.row_state AS st, e.fingerprint_match AS fm, e.max_age_at_ms, l.delta,
+         a.answer IS NOT NULL AS tok
+  FROM ev e
+  LEFT JOIN legal l ON e.kind = 'outbox_transition'
+       AND l.tkey = concat_ws('|', e.from_state, e.event, e.to_state, e.table_row)
+  LEFT JOIN answers a ON e.kind = 'ipc_decision'
+       AND a.answer = concat_ws('|', e.row_state, coalesce(CAST(e.fingerprint_match AS VARCHAR), 'null'),
+                                e.table_row, CAST(e.http_status AS VARCHAR))
+  WHERE e.kind IN ('outbox_transition', 'ipc_decision')),
+w AS MATERIALIZED (
+  SELECT *,
+    last_value(CASE WHEN is_ot THEN {{'seq': seq, 'line': line, 'tos': tos, 'oid': oid, 'att': att}} END IGNORE NULLS)
+      OVER (PARTITION BY node, cmid ORDER BY seq, line ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS p,
+    first_value(CASE WHEN is_ot THEN {{'seq': seq, 'line': line, 'fp': fp}} END IGNORE NULLS)
+      OVER (PARTITION BY node, cmid ORDER BY seq, line ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS f
+  FROM rows),
+wc AS (
+  SELECT *, p IS NOT NULL AND p.oid = oid AS same_row FROM w),
+ledger AS MATERIALIZED (
+  SELECT mesh, client_message_id AS cmid, broker_message_id AS bmid,
+    min((node, seq, line)) FILTER (WHERE kind = 'accept_commit' OR (kind = 'accept_decision'
+                                                                   AND broker_message_id IS NOT NULL)) AS named,
+    min((node, seq, line)) FILTER (WHERE kind = 'accept_decision' AND broker_message_id IS NOT NULL
+                                   AND table_row = 'BRK-ACCEPT') AS accept,
+    count(*) FILTER (WHERE kind = 'accept_commit') AS commits,
+    min((node, seq, line)) FILTER (WHERE kind = 'accept_commit') AS commit_first,
+    max((node, seq, line)) FILTER (WHERE kind = 'accept_commit') AS commit_last,
+    min((node, seq, line)) FILTER (WHERE kind = 'accept_commit' AND NOT coalesce(effects_dedupe = 1
+         AND effects_message = 1 AND effects_history = 1 AND effects_delivery = recipients, false)) AS bad,
+    min((node, seq, line)) FILTER (WHERE kind = 'outbox_transition') AS done,
+    min((node, seq, line)) FILTER (WHERE kind = 'delivery') AS delivery,
+    bool_or(mesh IN (SELECT mesh FROM broker_meshes)) AS scope
+  FROM ev
+  WHERE (kind = 'accept_decision' AND broker_message_id IS NOT NULL) OR kind IN ('accept_commit', 'delivery')
+        OR (kind = 'outbox_transition' AND to_state = 'done')
+  GROUP BY ALL),
+messages AS (
+  SELECT mesh, cmid, count(*) AS n, min(named) AS low, max(named) AS high, sum(commits) AS commits,
+         min(commit_first) AS commit_first, max(commit_last) AS commit_last
+  FROM ledger WHERE named IS NOT NULL GROUP BY ALL),
+deliveries AS (
+  SELECT d.*, n.last_ts FROM (
+    SELECT mesh, delivery_id,
+      max((node, seq, line)) FILTER (WHERE kind = 'delivery') AS last,
+      arg_max(lease_until_ms, (node, seq, line)) FILTER (WHERE kind = 'delivery') AS lease,
+      min((node, seq, line)) FILTER (WHERE kind = 'delivery_ack') AS ack
+    FROM ev WHERE kind IN ('delivery', 'delivery_ack') GROUP BY ALL) d
+  LEFT JOIN node_end n ON n.node = d.last[1]
+  WHERE d.last IS NOT NULL),
+inbox AS (
+  SELECT recipient, client_message_id AS cmid, count(*) AS n, min((node, seq, line)) AS low,
+         max((node, seq, line)) AS high
+  FROM ev WHERE kind = 'inbox_insert' AND inserted GROUP BY ALL HAVING count(*) > 1),
+requeues AS (
+  SELECT node, k,
+    arg_min((seq, line, request_fingerprint), (seq, line)) FILTER (WHERE from_state = 'none') AS new,
+    arg_min((seq, line, request_fingerprint), (seq, line)) FILTER (WHERE from_state <> 'none') AS old
+  FROM (SELECT *, CASE WHEN from_state = 'none' THEN outbox_id ELSE superseded_by END AS k FROM ev
+        WHERE kind = 'outbox_transition' AND event = 'requeue' AND (from_state = 'none' OR to_state = 'aborted'))
+  GROUP BY ALL),
+sse AS (
+  SELECT node, seq, line, event_id AS value,
+         lag((seq, line, event_id)) OVER (PARTITION BY node ORDER BY line, seq) AS prev
+  FROM ev WHERE kind = 'sse_event'),
+seqs AS (
+  SELECT node, seq, line, seq AS value, lag((seq, line, seq)) OVER (PARTITION BY node ORDER BY line, seq) AS prev
+  FROM ev WHERE node IN ({suspects})),
+candidates AS (
+  SELECT 'TRC-OUTBOX-LEGAL' AS invariant, node || '|' || oid AS k, node, seq, line,
+         CASE WHEN same_row THEN node END AS r_node, CASE WHEN same_row THEN p.seq END AS r_seq,
+         CASE WHEN same_row THEN p.line END AS r_line, false AS by_line
+  FROM wc WHERE is_ot AND (delta IS NULL OR fr IS DISTINCT FROM CASE WHEN same_row THEN p.tos ELSE 'none' END
+                           OR att IS DISTINCT FROM (CASE WHEN same_row THEN p.att ELSE 0 END) + coalesce(delta, 0))
+  UNION ALL
+  SELECT 'TRC-IPC-CONSISTENT', node || '|' || cmid, node, seq, line, CASE WHEN p IS NOT NULL THEN node END, p.seq,
+         p.line, false
+  FROM wc WHERE NOT is_ot AND (st IS DISTINCT FROM coalesce(p.tos, 'none')
+                               OR fm IS DISTINCT FROM CASE WHEN p IS NULL THEN NULL ELSE fp = f.fp END
+                               OR NOT tok OR (p IS NOT NULL AND oid IS NOT NULL AND oid <> p.oid))
+  UNION ALL
+  SELECT 'TRC-FP-FROZEN', node || '|' || oid, node, seq, line, node, f.seq, f.line, false
+  FROM wc WHERE is_ot AND fp IS DISTINCT FROM f.fp
+  UNION ALL
+  SELECT 'TRC-ID-NEVER-FREED', node || '|' || cmid, node, seq, line, node, f.seq, f.line, false
+  FROM wc WHERE is_ot AND fr = 'none' AND p IS NOT NULL
+  UNION ALL
+  SELECT 'TRC-MAX-AGE', node || '|' || oid, node, seq, line, NULL, NULL, NULL, false
+  FROM rows WHERE is_ot AND ((table_row = 'OB-PENDING-DISPATCH' AND max_age_at_ms IS NOT NULL
+                              AND ts_ms > max_age_at_ms)
+                             OR (table_row = 'OB-PENDING-MAX-AGE' AND (max_age_at_ms IS NULL
+                                                                       OR ts_ms <= max_age_at_ms)))
+  UNION ALL
+  SELECT 'TRC-SIDE-EFFECTS', mesh || '|' || cmid, bad[1], bad[2], bad[3], NULL, NULL, NULL, false
+  FROM ledger WHERE bad IS NOT NULL
+  UNION ALL
+  SELECT 'TRC-SIDE-EFFECTS', mesh || '|' || cmid, accept[1], accept[2], accept[3], NULL, NULL, NULL, false
+  FROM ledger WHERE accept IS NOT NULL AND commits = 0
+  UNION ALL
+  SELECT 'TRC-DONE-HAS-MESSAGE', mesh || '|' || cmid, done[1], done[2], done[3], NULL, NULL, NULL, false
+  FROM ledger WHERE done IS NOT NULL AND commits = 0 AND scope
+  UNION ALL
+  SELECT 'TRC-DELIVERY-COMMITTED', mesh || '|' || cmid, delivery[1], delivery[2], delivery[3], NULL, NULL, NULL,
+         false
+  FROM ledger WHERE delivery IS NOT NULL AND commits = 0
+  UNION ALL
+  SELECT 'TRC-ONE-MESSAGE', mesh || '|' || cmid, high[1], high[2], high[3], low[1], low[2], low[3], false
+  FROM messages WHERE n > 1
+  UNION ALL
+  SELECT 'TRC-ONE-MESSAGE', mesh || '|' || cmid, commit_last[1], commit_last[2], commit_last[3], commit_first[1],
+         commit_first[2], commit_first[3], false
+  FROM messages WHERE n <= 1 AND commits > 1
+  UNION ALL
+  SELECT 'TRC-DELIVERY-ACKED', mesh || '|' || delivery_id, last[1], last[2], last[3], NULL, NULL, NULL, false
+  FROM deliveries WHERE ack IS NULL AND lease + {grace} < last_ts
+  UNION ALL
+  SELECT 'TRC-DELIVERY-ACKED', mesh || '|' || delivery_id, last[1], last[2], last[3], ack[1], ack[2], ack[3], false
+  FROM deliveries WHERE ack IS NOT NULL AND last > ack
+  UNION ALL
+  SELECT 'TRC-ONE-INBOX-ROW', recipient || '|' || cmid, high[1], high[2], high[3], low[1], low[2], low[3], false
+  FROM inbox
+  UNION ALL
+  SELECT 'TRC-FP-FROZEN', node || '|' || k, node, new[1], new[2], node, old[1], old[2], false
+  FROM requeues WHERE new IS NOT NULL AND old IS NOT NULL AND new[3] <> old[3]
+  UNION ALL
+  SELECT 'TRC-EVENT-IDS-MONOTONIC', node, node, seq, line, node, prev[1], prev[2], true
+  FROM sse WHERE value <= prev[3]
+  UNION ALL
+  SELECT 'TRC-SEQ-MONOTONIC', node, node, seq, line, node, prev[1], prev[2], true
+  FROM seqs WHERE value <= prev[3])
+SELECT invariant, k,
+  arg_min((node, seq, line, r_node, r_seq, r_line),
+          (CASE WHEN by_line THEN '' ELSE node END, CASE WHEN by_line THEN line ELSE seq END,
+           coalesce(r_node, ''), coalesce(r_seq, -1))) AS first
+FROM candidates GROUP BY invariant, k
+"""
+
+
+def check(paths: Path | list[Path], threads: int | None = None, memory_limit: str | None = None,
+          redelivery_grace_ms: int = DEFAULT_REDELIVERY_GRACE_MS) -> Report:
+    """Run the catalogue with DuckDB over a Parquet trace; returns the violations (without evidence)."""
+    import duckdb
+
+    started = time.monotonic()
+    paths = [paths] if isinstance(paths, Path) else list(paths)
+    con = duckdb.connect()
+    if threads:
+        con.execute(f"SET threads = {int(threads)}")
+    if memory_limit:
+        con.execute(f"SET memory_limit = {_literal(memory_limit)}")
+    con.execute("SET preserve_insertion_order = false")
+    con.execute("SET enable_progress_bar = false")
+    files = ", ".join(_literal(str(fmt.dataset_path(p)) + "/**/*.parquet") for p in paths)
+    columns = ", ".join(fmt.COLUMNS)
+    con.execute(f"CREATE VIEW ev AS SELECT {columns} FROM read_parquet([{files}], hive_partitioning = false)")
+    from .spark import ipc_answers, legal_transitions
+
+    tables = Tables()
+    con.execute("CREATE TEMP TABLE legal (tkey VARCHAR, delta INTEGER)")
+    con.executemany("INSERT INTO legal VALUES (?, ?)", sorted(legal_transitions(tables).items()))
+    con.execute("CREATE TEMP TABLE answers (answer VARCHAR)")
+    con.executemany("INSERT INTO answers VALUES (?)", [(a,) for a in ipc_answers(tables)])
+    stats = con.execute("""
+        SELECT node, source, mesh, min(seq - line), max(seq - line), max(ts_ms), count(*)
+        FROM ev GROUP BY ALL""").fetchall()
+    spread: dict[str, tuple[int, int]] = {}
+    node_end: dict[str, int] = {}
+    sources, broker_meshes, events = set(), set(), 0
+    for node, source, mesh, low, high, last, n in stats:
+        events += n
+        sources.add(source)
+        node_end[node] = max(node_end.get(node, -1), last)
+        a, b = spread.get(node, (low, high))
+        spread[node] = (min(a, low), max(b, high))
+        if source == "broker" and mesh is not None:
+            broker_meshes.add(mesh)
+    con.execute("CREATE TEMP TABLE node_end (node VARCHAR, last_ts BIGINT)")
+    con.executemany("INSERT INTO node_end VALUES (?, ?)", sorted(node_end.items()))
+    con.execute("CREATE TEMP TABLE broker_meshes (mesh VARCHAR)")
+    con.executemany("INSERT INTO broker_meshes VALUES (?)", [(m,) for m in sorted(broker_meshes)])
+    suspects = sorted(node for node, (low, high) in spread.items() if low != high)
+    found = con.execute(_candidates_sql(redelivery_grace_ms, suspects)).fetchall()
+    violations: list[Violation] = []
+    counts: dict[str, int] = {}
+    for invariant_id, _, (node, seq, line, r_node, r_seq, r_line) in found:
+        counts[invariant_id] = counts.get(invariant_id, 0) + 1
+        related = None if r_node is None else EventRef(r_node, r_seq, r_line)
+        violations.append(Violation(invariant_id, _key(con, invariant_id, node, line), EventRef(node, seq, line),
+                                    related))
+    con.close()
+    return Report("duckdb", ", ".join(map(str, paths)), events, sorted(sources), time.monotonic() - started,
+                  sort_violations(violations), counts, [], {"redelivery_grace_ms": redelivery_grace_ms})
+
+
+def _key(con: Any, invariant_id: str, node: str, line: int) -> tuple[tuple[str, str], ...]:
+    names = BY_ID[invariant_id].key
+    row = con.execute(f"SELECT {', '.join(names)} FROM ev WHERE node = ? AND line = ?", [node, line]).fetchone()
+    return tuple((name, str(value)) for name, value in zip(names, row, strict=True))

@@ -1,0 +1,526 @@
+"""The single-process oracle: the same catalogue as the Spark checks, in plain Python, for small traces.
+
+Theory of operation. Every per-subject invariant's subject lives in one dataset bucket (see ``format``), so the oracle
+reads one bucket at a time and replays each subject's events in order, deciding transitions and IPC answers with the
+tables themselves (``reference.core``'s ``DecisionTable`` lookups) rather than with a derived legal set as the Spark
+checks do: two derivations of one catalogue. What needs the whole trace -- a node's seq and SSE event ids, each broker
+node's last ts, which meshes have broker events, requeue successors in another bucket -- is gathered during the pass
+and decided at the end. A JSONL trace is checked as a single bucket.
+
+Rules shared with ``spark_checks.spark`` (the tests hold the two to the same answers):
+
+* a violation is reported once per (invariant, key), at its first violating event -- by ``(node, seq)``, or by
+  ``line`` for the per-node invariants -- with the related event the catalogue names;
+* evidence is the subject's events up to and including the violating one (its first event, the ``evidence_events -
+  1`` before the violation, and the related event), or for ``pair`` invariants the related and the violating event.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from array import array
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from . import format as fmt
+from .catalogue import (
+    BY_ID,
+    CATALOGUE,
+    DEFAULT_EVIDENCE_EVENTS,
+    DEFAULT_REDELIVERY_GRACE_MS,
+    EventRef,
+    Violation,
+)
+
+Ref = tuple[str, int, int]  # (node, seq, line)
+
+OT_COLUMNS = ("node", "seq", "line", "ts_ms", "mesh", "client_message_id", "outbox_id", "request_fingerprint",
+              "from_state", "to_state", "event", "table_row", "attempts", "max_age_at_ms", "broker_message_id",
+              "superseded_by")
+IPC_COLUMNS = ("node", "seq", "line", "client_message_id", "request_fingerprint", "row_state", "fingerprint_match",
+               "table_row", "http_status", "outbox_id")
+AD_COLUMNS = ("node", "seq", "line", "mesh", "client_message_id", "table_row", "broker_message_id")
+AC_COLUMNS = ("node", "seq", "line", "mesh", "client_message_id", "broker_message_id", "effects_dedupe",
+              "effects_message", "effects_history", "effects_delivery", "recipients")
+DL_COLUMNS = ("node", "seq", "line", "mesh", "client_message_id", "broker_message_id", "delivery_id",
+              "lease_until_ms")
+DA_COLUMNS = ("node", "seq", "line", "mesh", "delivery_id")
+II_COLUMNS = ("node", "seq", "line", "recipient", "client_message_id", "inserted")
+ALL_COLUMNS = sorted({"kind", "source", "event_id", *OT_COLUMNS, *IPC_COLUMNS, *AD_COLUMNS, *AC_COLUMNS,
+                      *DL_COLUMNS, *DA_COLUMNS, *II_COLUMNS})
+
+
+@dataclass
+class Report:
+    """What a checker found; ``as_dict`` is the JSON report both checkers write."""
+
+    engine: str
+    trace: str
+    events: int
+    sources: list[str]
+    seconds: float
+    violations: list[Violation]
+    counts: dict[str, int]
+    skipped_lines: list[str] = field(default_factory=list)
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def identities(self) -> set[tuple[Any, ...]]:
+        return {v.identity for v in self.violations}
+
+    def keys(self) -> set[tuple[str, tuple[tuple[str, str], ...]]]:
+        return {(v.invariant, v.key) for v in self.violations}
+
+    def as_dict(self) -> dict[str, Any]:
+        present = set(self.sources)
+        return {
+            "engine": self.engine,
+            "trace": self.trace,
+            "events": self.events,
+            "sources": self.sources,
+            "seconds": round(self.seconds, 3),
+            "events_per_second": round(self.events / self.seconds) if self.seconds > 0 else None,
+            "settings": self.settings,
+            "skipped_lines": self.skipped_lines,
+            "invariants": [{**inv.as_dict(), "applies": inv.needs <= present,
+                            "violations": self.counts.get(inv.id, 0)} for inv in CATALOGUE],
+            "violations": [v.as_dict() for v in self.violations],
+        }
+
+
+def sort_violations(violations: Iterable[Violation]) -> list[Violation]:
+    order = {inv.id: k for k, inv in enumerate(CATALOGUE)}
+    return sorted(violations, key=lambda v: (order[v.invariant], v.key, v.event))
+
+
+# --- the tables ---------------------------------------------------------------------------------------------------
+
+class Tables:
+    """Table decisions for the replay, memoised (``reference.core`` lookups)."""
+
+    def __init__(self) -> None:
+        from reference.core import ipc, outbox
+
+        self._outbox = outbox.table()
+        self._ipc = ipc.table()
+        self.successor_rows = frozenset(row.id for row in self._outbox.rows
+                                        if "insert_successor_pending" in row.then.get("effects", ()))
+        self._transitions: dict[tuple[Any, ...], int | None] = {}
+        self._answers: dict[tuple[Any, ...], bool] = {}
+
+    def attempts_delta(self, from_state: str, event: str, to_state: str, table_row: str) -> int | None:
+        """The attempts increment of a legal transition, or None when the table has no such transition."""
+        key = (from_state, event, to_state, table_row)
+        if key in self._transitions:
+            return self._transitions[key]
+        found: int | None = None
+        if from_state == "none" and event == "requeue":
+            found = 0 if to_state == "pending" and table_row in self.successor_rows else None
+        else:
+            try:
+                row = self._outbox.lookup(state=from_state, event=event)
+            except Exception:  # unknown state or event: not a legal transition
+                row = None
+            if row is not None and row.then.get("outcome") == "transition" and row.id == table_row and \
+                    row.then.get("to") == to_state:
+                found = 1 if "increment_attempts" in row.then.get("effects", ()) else 0
+        self._transitions[key] = found
+        return found
+
+    def ipc_answer_ok(self, row_state: str, match: bool | None, table_row: str, http_status: int) -> bool:
+        """Whether (table_row, http_status) is the ipc_lookup row for (row_state, fingerprint_match)."""
+        key = (row_state, match, table_row, http_status)
+        found = self._answers.get(key)
+        if found is None:
+            try:
+                row = self._ipc.lookup(row_state=row_state, fingerprint="match" if match in (None, True) else
+                                       "mismatch")
+                found = row.id == table_row and int(row.then["http_status"]) == http_status
+            except Exception:
+                found = False
+            self._answers[key] = found
+        return found
+
+
+# --- reading --------------------------------------------------------------------------------------------------
+
+def _tuples(table: pa.Table, kind: str, columns: tuple[str, ...]) -> list[tuple[Any, ...]]:
+    part = table.filter(pc.equal(table["kind"], kind)).select(list(columns))
+    if part.num_rows == 0:
+        return []
+    return list(zip(*(part[c].to_pylist() for c in columns), strict=True))
+
+
+def _buckets(paths: list[Path]) -> tuple[Iterator[pa.Table], list[str]]:
+    if fmt.is_jsonl(paths):
+        rows, skipped = fmt.read_jsonl(paths)
+        return iter([fmt.rows_to_table(rows)]), skipped
+    dirs = [d for p in paths for d in fmt.bucket_dirs(p)]
+    return (fmt.read_bucket(d, ALL_COLUMNS) for d in dirs), []
+
+
+# --- the checker ------------------------------------------------------------------------------------------------
+
+class Oracle:
+    """Checks the whole catalogue in one process."""
+
+    def __init__(self, redelivery_grace_ms: int = DEFAULT_REDELIVERY_GRACE_MS,
+                 evidence_events: int = DEFAULT_EVIDENCE_EVENTS):
+        self.grace = redelivery_grace_ms
+        self.evidence_events = evidence_events
+        self.tables = Tables()
+
+    def check(self, paths: Path | list[Path]) -> Report:
+        started = time.monotonic()
+        paths = [paths] if isinstance(paths, Path) else list(paths)
+        state = _State()
+        tables, skipped = _buckets(paths)
+        for table in tables:
+            self._bucket(table, state)
+        self._finish(state)
+        chosen = self._first(state.candidates)
+        counts: dict[str, int] = defaultdict(int)
+        for violation_key in chosen:
+            counts[violation_key[0]] += 1
+        violations = self._evidence(paths, chosen, state)
+        return Report("oracle", ", ".join(map(str, paths)), state.events, sorted(state.sources),
+                      time.monotonic() - started, sort_violations(violations), dict(counts), skipped,
+                      {"redelivery_grace_ms": self.grace, "evidence_events": self.evidence_events})
+
+    # --- one bucket -------------------------------------------------------------------------------------------
+    def _bucket(self, table: pa.Table, st: _State) -> None:
+        st.events += table.num_rows
+        self._node_level(table, st)
+        ot = _tuples(table, "outbox_transition", OT_COLUMNS)
+        ipc = _tuples(table, "ipc_decision", IPC_COLUMNS)
+        self._rows(ot, ipc, st)
+        ad = _tuples(table, "accept_decision", AD_COLUMNS)
+        ac = _tuples(table, "accept_commit", AC_COLUMNS)
+        dl = _tuples(table, "delivery", DL_COLUMNS)
+        self._ledger(ot, ad, ac, dl, st)
+        self._deliveries(dl, _tuples(table, "delivery_ack", DA_COLUMNS), st)
+        self._inbox(_tuples(table, "inbox_insert", II_COLUMNS), st)
+
+    def _node_level(self, table: pa.Table, st: _State) -> None:
+        columns = table.select(["node", "line", "seq", "ts_ms", "source", "mesh", "kind", "event_id"]).to_pydict()
+        for node, line, seq, ts, source, mesh, kind, event_id in zip(
+                columns["node"], columns["line"], columns["seq"], columns["ts_ms"], columns["source"],
+                columns["mesh"], columns["kind"], columns["event_id"], strict=True):
+            lines = st.lines.get(node)
+            if lines is None:
+                lines = st.lines[node] = (array("q"), array("q"))
+            lines[0].append(line)
+            lines[1].append(seq)
+            if ts > st.node_end.get(node, -1):
+                st.node_end[node] = ts
+            if source not in st.sources:
+                st.sources.add(source)
+            if source == "broker" and mesh is not None:
+                st.broker_meshes.add(mesh)
+            if kind == "sse_event":
+                ids = st.sse.get(node)
+                if ids is None:
+                    ids = st.sse[node] = (array("q"), array("q"), array("q"))
+                ids[0].append(line)
+                ids[1].append(event_id)
+                ids[2].append(seq)
+
+    def _rows(self, ot: list[tuple[Any, ...]], ipc: list[tuple[Any, ...]], st: _State) -> None:
+        """TRC-OUTBOX-LEGAL, TRC-IPC-CONSISTENT, TRC-FP-FROZEN, TRC-ID-NEVER-FREED, TRC-MAX-AGE."""
+        subjects: dict[tuple[str, str], list[tuple[int, int, tuple[Any, ...]]]] = defaultdict(list)
+        for event in ot:
+            subjects[(event[0], event[5])].append((event[1], 1, event))
+            if event[10] == "requeue":
+                if event[8] == "none":
+                    st.successors.append(event)
+                elif event[9] == "aborted":
+                    st.aborted[(event[0], event[15])].append(event)
+        for event in ipc:
+            subjects[(event[0], event[3])].append((event[1], 0, event))
+        tables = self.tables
+        for (node, cmid), events in subjects.items():
+            events.sort(key=lambda e: (e[0], e[2][2]))
+            last = None  # the previous transition
+            first = None  # the first transition
+            history: list[tuple[int, int, tuple[Any, ...]]] = []
+            for seq, is_ot, event in events:
+                history.append((seq, is_ot, event))
+                if is_ot:
+                    (_, _, _, ts, _, _, oid, fp, from_state, to_state, ev, table_row, attempts, max_age_at, _,
+                     _) = event
+                    if (table_row == "OB-PENDING-DISPATCH" and max_age_at is not None and ts > max_age_at) or (
+                            table_row == "OB-PENDING-MAX-AGE" and (max_age_at is None or ts <= max_age_at)):
+                        self._add(st, "TRC-MAX-AGE", (("node", node), ("outbox_id", oid)), event, None,
+                                  f"{table_row} at ts_ms {ts} with max_age_at_ms {max_age_at}",
+                                  self._prefix(history, event, kinds_ot_only=True, row=oid))
+                    if first is None:
+                        first = event
+                    same_row = last is not None and last[6] == oid
+                    delta = tables.attempts_delta(from_state, ev, to_state, table_row)
+                    expected_from = last[9] if same_row else "none"
+                    expected_attempts = (last[12] if same_row else 0) + (delta or 0)
+                    if delta is None or from_state != expected_from or attempts != expected_attempts:
+                        why = (f"({from_state}, {ev}, {to_state}, {table_row}) is not a transition of the outbox "
+                               "table" if delta is None else
+                               f"from {from_state!r} but the row was {expected_from!r}" if from_state != expected_from
+                               else f"attempts {attempts}, expected {expected_attempts}")
+                        self._add(st, "TRC-OUTBOX-LEGAL", (("node", node), ("outbox_id", oid)), event,
+                                  last if same_row else None, why,
+                                  self._prefix(history, event, kinds_ot_only=True, row=oid,
+                                               related=last if same_row else None))
+                    if fp != first[7]:
+                        self._add(st, "TRC-FP-FROZEN", (("node", node), ("outbox_id", oid)), event, first,
+                                  f"fingerprint {_hex(fp)} differs from the row's frozen {_hex(first[7])}",
+                                  self._prefix(history, event, kinds_ot_only=True, row=oid, related=first))
+                    if from_state == "none" and last is not None:
+                        self._add(st, "TRC-ID-NEVER-FREED", (("node", node), ("client_message_id", cmid)), event,
+                                  first, f"a new row {oid} for an id already bound to row {first[6]}",
+                                  self._prefix(history, event, kinds_ot_only=True, related=first))
+                    last = event
+                else:
+                    (_, _, _, _, fp, row_state, match, table_row, http_status, oid) = event
+                    state = "none" if last is None else last[9]
+                    expected_match = None if last is None else fp == first[7]  # type: ignore[index]
+                    problem = ""
+                    if row_state != state:
+                        problem = f"row_state {row_state!r} but the row was {state!r}"
+                    elif match is not expected_match:
+                        problem = f"fingerprint_match {match}, expected {expected_match}"
+                    elif not tables.ipc_answer_ok(row_state, match, table_row, http_status):
+                        problem = f"{table_row} / {http_status} is not the ipc_lookup answer for ({row_state}, {match})"
+                    elif last is not None and oid is not None and oid != last[6]:
+                        problem = f"outbox_id {oid} but the row is {last[6]}"
+                    if problem:
+                        self._add(st, "TRC-IPC-CONSISTENT", (("node", node), ("client_message_id", cmid)), event,
+                                  last, problem, self._prefix(history, event, related=last))
+
+    def _ledger(self, ot: list[tuple[Any, ...]], ad: list[tuple[Any, ...]], ac: list[tuple[Any, ...]],
+                dl: list[tuple[Any, ...]], st: _State) -> None:
+        """TRC-ONE-MESSAGE, TRC-SIDE-EFFECTS, TRC-DONE-HAS-MESSAGE, TRC-DELIVERY-COMMITTED."""
+        ledger: dict[tuple[str, str], dict[Any, dict[str, list[Ref]]]] = defaultdict(
+            lambda: defaultdict(lambda: defaultdict(list)))
+        for event in ad:
+            node, seq, line, mesh, cmid, table_row, bmid = event
+            if bmid is not None:
+                ledger[(mesh, cmid)][bmid]["named"].append((node, seq, line))
+                if table_row == "BRK-ACCEPT":
+                    ledger[(mesh, cmid)][bmid]["accept"].append((node, seq, line))
+        for event in ac:
+            node, seq, line, mesh, cmid, bmid, dedupe, message, history, delivery, recipients = event
+            ref = (node, seq, line)
+            ledger[(mesh, cmid)][bmid]["commit"].append(ref)
+            ledger[(mesh, cmid)][bmid]["named"].append(ref)
+            if (dedupe, message, history, delivery) != (1, 1, 1, recipients):
+                self._add(st, "TRC-SIDE-EFFECTS", (("mesh", mesh), ("client_message_id", cmid)), ref, None,
+                          f"effects dedupe={dedupe} message={message} history={history} delivery={delivery} for "
+                          f"{recipients} recipient(s)", [ref])
+        for event in ot:
+            if event[9] == "done":
+                ledger[(event[4], event[5])][event[14]]["done"].append((event[0], event[1], event[2]))
+        for event in dl:
+            node, seq, line, mesh, cmid, bmid = event[:6]
+            ledger[(mesh, cmid)][bmid]["delivery"].append((node, seq, line))
+        for (mesh, cmid), by_bmid in ledger.items():
+            key = (("mesh", mesh), ("client_message_id", cmid))
+            firsts = sorted(min(roles["named"]) for roles in by_bmid.values() if roles["named"])
+            if len(firsts) > 1:
+                self._add(st, "TRC-ONE-MESSAGE", key, firsts[-1], firsts[0], f"{len(firsts)} broker messages",
+                          [firsts[0], firsts[-1]])
+            else:
+                commits = [ref for roles in by_bmid.values() for ref in roles["commit"]]
+                if len(commits) > 1:
+                    self._add(st, "TRC-ONE-MESSAGE", key, max(commits), min(commits),
+                              f"{len(commits)} commits", [min(commits), max(commits)])
+            for bmid, roles in by_bmid.items():
+                if roles["accept"] and not roles["commit"]:
+                    ref = min(roles["accept"])
+                    self._add(st, "TRC-SIDE-EFFECTS", key, ref, None, f"BRK-ACCEPT of {bmid} without its commit",
+                              [ref])
+                if roles["done"] and not roles["commit"]:
+                    ref = min(roles["done"])
+                    st.done_candidates.append((mesh, key, ref, bmid))
+                if roles["delivery"] and not roles["commit"]:
+                    ref = min(roles["delivery"])
+                    self._add(st, "TRC-DELIVERY-COMMITTED", key, ref, None, f"delivery of uncommitted {bmid}", [ref])
+
+    def _deliveries(self, dl: list[tuple[Any, ...]], da: list[tuple[Any, ...]], st: _State) -> None:
+        """TRC-DELIVERY-ACKED (decided at the end, when each broker node's last ts is known)."""
+        groups: dict[tuple[str, str], list[list[Any]]] = defaultdict(lambda: [[], []])
+        for node, seq, line, mesh, _cmid, _bmid, did, lease in dl:
+            groups[(mesh, did)][0].append(((node, seq, line), lease))
+        for node, seq, line, mesh, did in da:
+            groups[(mesh, did)][1].append((node, seq, line))
+        for (mesh, did), (deliveries, acks) in groups.items():
+            if not deliveries:
+                continue
+            deliveries.sort()
+            st.delivery_candidates.append(((mesh, did), deliveries, sorted(acks)))
+
+    def _inbox(self, ii: list[tuple[Any, ...]], st: _State) -> None:
+        """TRC-ONE-INBOX-ROW."""
+        inserted: dict[tuple[str, str], list[Ref]] = defaultdict(list)
+        for node, seq, line, recipient, cmid, flag in ii:
+            if flag:
+                inserted[(recipient, cmid)].append((node, seq, line))
+        for (recipient, cmid), refs in inserted.items():
+            if len(refs) > 1:
+                self._add(st, "TRC-ONE-INBOX-ROW", (("recipient", recipient), ("client_message_id", cmid)),
+                          max(refs), min(refs), f"{len(refs)} inbox rows inserted", [min(refs), max(refs)])
+
+    # --- the end of the pass ----------------------------------------------------------------------------------
+    def _finish(self, st: _State) -> None:
+        for node, (lines, seqs) in st.lines.items():
+            order = sorted(range(len(lines)), key=lambda k: (lines[k], seqs[k]))
+            for a, b in itertools.pairwise(order):
+                if seqs[b] <= seqs[a]:
+                    self._add(st, "TRC-SEQ-MONOTONIC", (("node", node),), (node, seqs[b], lines[b]),
+                              (node, seqs[a], lines[a]), f"seq {seqs[b]} after {seqs[a]}",
+                              [(node, seqs[a], lines[a]), (node, seqs[b], lines[b])], by_line=True)
+                    break
+        for node, (lines, ids, seqs) in st.sse.items():
+            order = sorted(range(len(lines)), key=lambda k: (lines[k], seqs[k]))
+            for a, b in itertools.pairwise(order):
+                if ids[b] <= ids[a]:
+                    self._add(st, "TRC-EVENT-IDS-MONOTONIC", (("node", node),), (node, seqs[b], lines[b]),
+                              (node, seqs[a], lines[a]), f"event_id {ids[b]} after {ids[a]}",
+                              [(node, seqs[a], lines[a]), (node, seqs[b], lines[b])], by_line=True)
+                    break
+        for mesh, key, ref, bmid in st.done_candidates:
+            if mesh in st.broker_meshes:
+                self._add(st, "TRC-DONE-HAS-MESSAGE", key, ref, None,
+                          f"done with broker_message_id {bmid}, which the broker never committed", [ref])
+        for (mesh, did), deliveries, acks in st.delivery_candidates:
+            last, lease = deliveries[-1]
+            key = (("mesh", mesh), ("delivery_id", did))
+            prefix = [ref for ref, _ in deliveries]
+            ack = acks[0] if acks else None
+            if ack is None:
+                end = st.node_end.get(last[0], 0)
+                if lease + self.grace < end:
+                    self._add(st, "TRC-DELIVERY-ACKED", key, last, None,
+                              f"never acked; lease ended at {lease}, the broker traced until {end}",
+                              self._trim(prefix))
+            elif last > ack:
+                refs = sorted(prefix + [a for a in acks if a < last])
+                self._add(st, "TRC-DELIVERY-ACKED", key, last, ack, "delivered again after its ack",
+                          self._trim(refs, ack))
+        for successor in st.successors:
+            node, oid, fp = successor[0], successor[6], successor[7]
+            retired = sorted(st.aborted.get((node, oid), ()), key=lambda e: (e[1], e[2]))
+            if retired and retired[0][7] != fp:
+                aborted = retired[0]
+                ref, rel = (node, successor[1], successor[2]), (aborted[0], aborted[1], aborted[2])
+                self._add(st, "TRC-FP-FROZEN", (("node", node), ("outbox_id", oid)), ref, rel,
+                          f"requeue successor fingerprint {_hex(fp)} differs from {_hex(aborted[7])}",
+                          sorted([rel, ref]))
+
+    # --- helpers ----------------------------------------------------------------------------------------------
+    def _trim(self, refs: list[Ref], related: Ref | None = None) -> list[Ref]:
+        keep = self.evidence_events - 1
+        chosen = set(refs[:1] + refs[-keep:] if len(refs) > keep + 1 else refs)
+        if related is not None:
+            chosen.add(related)
+        return sorted(chosen)
+
+    def _prefix(self, history: list[tuple[int, int, tuple[Any, ...]]], event: tuple[Any, ...],
+                kinds_ot_only: bool = False, row: str | None = None, related: tuple[Any, ...] | None = None
+                ) -> list[Ref]:
+        refs = []
+        for _, is_ot, e in history:
+            if kinds_ot_only and not is_ot:
+                continue
+            if row is not None and e[6] != row:
+                continue
+            refs.append((e[0], e[1], e[2]))
+            if e is event:
+                break
+        return self._trim(refs, None if related is None else (related[0], related[1], related[2]))
+
+    @staticmethod
+    def _add(st: _State, invariant: str, key: tuple[tuple[str, str], ...], event: tuple[Any, ...],
+             related: tuple[Any, ...] | None, detail: str, evidence: list[Ref], by_line: bool = False) -> None:
+        """Record a candidate; ``event`` and ``related`` are event tuples or refs (both start node, seq, line)."""
+        ref = (event[0], event[1], event[2])
+        rel = None if related is None else (related[0], related[1], related[2])
+        order = ("", ref[2]) if by_line else (ref[0], ref[1])
+        order += ("", -1) if rel is None else (rel[0], rel[1])
+        st.candidates.append((invariant, key, order, ref, rel, detail, evidence))
+
+    @staticmethod
+    def _first(candidates: list[tuple[Any, ...]]) -> dict[tuple[str, Any], tuple[Any, ...]]:
+        chosen: dict[tuple[str, Any], tuple[Any, ...]] = {}
+        for candidate in candidates:
+            key = (candidate[0], candidate[1])
+            current = chosen.get(key)
+            if current is None or candidate[2] < current[2]:
+                chosen[key] = candidate
+        return chosen
+
+    def _evidence(self, paths: list[Path], chosen: dict[tuple[str, Any], tuple[Any, ...]], st: _State
+                  ) -> list[Violation]:
+        wanted: set[tuple[str, int]] = {(ref[0], ref[2]) for c in chosen.values() for ref in c[6]}
+        events = load_events(paths, wanted) if wanted else {}
+        violations = []
+        for (invariant, key), (_, _, _, ref, rel, detail, evidence) in chosen.items():
+            violations.append(Violation(
+                invariant, key, EventRef(*ref), None if rel is None else EventRef(*rel), detail,
+                tuple(events[(r[0], r[2])] for r in evidence if (r[0], r[2]) in events)))
+        return violations
+
+
+@dataclass
+class _State:
+    events: int = 0
+    sources: set[str] = field(default_factory=set)
+    broker_meshes: set[str] = field(default_factory=set)
+    node_end: dict[str, int] = field(default_factory=dict)
+    lines: dict[str, tuple[array, array]] = field(default_factory=dict)
+    sse: dict[str, tuple[array, array, array]] = field(default_factory=dict)
+    successors: list[tuple[Any, ...]] = field(default_factory=list)
+    aborted: dict[tuple[str, str], list[tuple[Any, ...]]] = field(default_factory=lambda: defaultdict(list))
+    done_candidates: list[tuple[Any, ...]] = field(default_factory=list)
+    delivery_candidates: list[tuple[Any, ...]] = field(default_factory=list)
+    candidates: list[tuple[Any, ...]] = field(default_factory=list)
+
+
+def _hex(value: bytes | None) -> str:
+    return "null" if value is None else bytes(value).hex()[:16] + "…"
+
+
+def load_events(paths: list[Path], wanted: set[tuple[str, int]]) -> dict[tuple[str, int], dict[str, Any]]:
+    """The JSON events at the (node, line) positions in ``wanted``."""
+    found: dict[tuple[str, int], dict[str, Any]] = {}
+    nodes = sorted({node for node, _ in wanted})
+    if fmt.is_jsonl(paths):
+        rows, _ = fmt.read_jsonl(paths)
+        tables = [fmt.rows_to_table(rows)]
+    else:
+        tables = [pq.read_table(f, filters=[("node", "in", nodes)])
+                  for p in paths for d in fmt.bucket_dirs(p) for f in fmt.parquet_files(d)]
+    for table in tables:
+        if table.num_rows == 0:
+            continue
+        mask = pc.is_in(table["node"], pa.array(nodes))
+        for row in table.filter(mask).to_pylist():
+            if (row["node"], row["line"]) in wanted:
+                found[(row["node"], row["line"])] = fmt.row_to_event(row)
+    return found
+
+
+def check(paths: Path | list[Path], **options: Any) -> Report:
+    """Check a trace (JSONL files or directories, or a Parquet dataset) with the oracle."""
+    return Oracle(**options).check(paths)
+
+
+__all__ = ["BY_ID", "Oracle", "Report", "check", "load_events", "sort_violations"]

@@ -1,0 +1,660 @@
+"""The Spark checks: the catalogue over a Parquet trace of any size, locally or on a cluster.
+
+Run it as ``meshtrace check PATH [--master …]``, ``python -m spark_checks.spark PATH …`` or
+``spark-submit spark_checks/spark.py PATH …`` (the same module; see spark_checks/README.md for cluster use).
+
+Theory of operation. Everything is DataFrame operations -- no Python UDFs -- so executors need no Python code and the
+plan is the same on two local cores or a cluster.
+
+1. One small pre-job (an aggregation with two grouping sets) learns each node's last ts, whether its ``seq - line``
+   is constant, which meshes have broker events, which sources are present, and -- from a sample -- which (node,
+   client_message_id) subjects are heavy.
+2. One job runs the catalogue, reading the dataset four times:
+
+   * the per-row invariants (outbox legality, IPC consistency, frozen fingerprint, ids never freed, max age) are
+     windows over (node, client_message_id) in seq order. A heavy subject is split into chunks of ``chunk`` seq
+     values, each its own window partition, and what a chunk needs from the chunks before it (the last transition,
+     the first fingerprint) is carried in from a per-chunk summary, so no task holds a skewed subject at once;
+   * the broker and inbox invariants are one aggregation over (mesh, client_message_id, sub-key) -- the broker
+     message, the delivery or the recipient -- whose map-side partial aggregation absorbs skew (a delivery redelivered
+     a million times is one partial row per task), then a second, small aggregation per (mesh, client_message_id);
+   * requeue successors are matched to the rows they replace by one aggregation;
+   * the per-node orderings (SSE event ids, and seq where ``seq - line`` is not constant) are windows over chunks of
+     ``line``, with chunk boundaries checked on a per-chunk summary.
+
+   Every branch yields candidate violations and one aggregation keeps the first per (invariant, key).
+3. The reported violations' events and evidence are fetched with broadcast joins.
+
+Shuffled rows stay narrow: a node is its index in name order, an event reference is one long ``(node index << 44) |
+seq`` (ordering by it is ordering by (node, seq)), and ids and fingerprints travel as 64-bit hashes (a subject key is
+two independent hashes). Keys and evidence are read back from the events themselves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a file (spark-submit spark_checks/spark.py): make the package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from spark_checks import format as fmt
+from spark_checks.catalogue import (
+    BY_ID,
+    DEFAULT_EVIDENCE_EVENTS,
+    DEFAULT_REDELIVERY_GRACE_MS,
+    EventRef,
+    Violation,
+)
+from spark_checks.oracle import Report, Tables, sort_violations
+
+STATES = ("none", "pending", "inflight", "done", "dead", "aborted")
+NONE_CODE = 1  # array_position of "none" in STATES
+DEFAULT_CHUNK = 1 << 17
+SAMPLE_TARGET = 200  # sampled events expected from a subject of ``chunk`` events
+SEQ_BITS = 44  # an event reference is (node index << SEQ_BITS) | seq
+OT, IPC = "outbox_transition", "ipc_decision"
+
+
+def spark_schema():
+    """``format.FLAT_SCHEMA`` as a Spark schema."""
+    from pyspark.sql import types as T
+
+    mapping = {"int8": T.ByteType(), "int32": T.IntegerType(), "int64": T.LongType(), "string": T.StringType(),
+               "bool": T.BooleanType(), "fixed_size_binary[32]": T.BinaryType()}
+    return T.StructType([T.StructField(f.name, mapping[str(f.type)], True) for f in fmt.FLAT_SCHEMA])
+
+
+def legal_transitions(tables: Tables) -> dict[str, int]:
+    """``"from|event|to|table_row"`` -> attempts increment, for every transition the outbox table allows."""
+    from reference.core import outbox
+
+    document = outbox.table()
+    found: dict[str, int] = {}
+    for from_state in STATES:
+        for event in document.inputs["event"]:
+            for to_state in STATES[1:]:
+                for row in document.rows:
+                    delta = tables.attempts_delta(from_state, event, to_state, row.id)
+                    if delta is not None:
+                        found[f"{from_state}|{event}|{to_state}|{row.id}"] = delta
+    return found
+
+
+def ipc_answers(tables: Tables) -> list[str]:
+    """``"row_state|fingerprint_match|table_row|http_status"`` for every answer the ipc_lookup table gives."""
+    from reference.core import ipc
+
+    answers = []
+    for state in STATES:
+        for match, text in ((None, "null"), (True, "true"), (False, "false")):
+            row = ipc.table().lookup(row_state=state, fingerprint="match" if match in (None, True) else "mismatch")
+            status = int(row.then["http_status"])
+            if tables.ipc_answer_ok(state, match, row.id, status):
+                answers.append(f"{state}|{text}|{row.id}|{status}")
+    return answers
+
+
+class SparkChecker:
+    """Runs the catalogue with Spark."""
+
+    def __init__(self, spark: Any, chunk: int = DEFAULT_CHUNK, redelivery_grace_ms: int = DEFAULT_REDELIVERY_GRACE_MS,
+                 evidence_events: int = DEFAULT_EVIDENCE_EVENTS, limit: int | None = 100):
+        self.spark = spark
+        self.chunk = chunk
+        self.grace = redelivery_grace_ms
+        self.evidence_events = evidence_events
+        self.limit = limit
+        self.tables = Tables()
+        self.timings: dict[str, float] = {}
+
+    # --- input --------------------------------------------------------------------------------------------------
+    def read(self, paths: list[Path] | list[str]):
+        frames = []
+        for path in paths:
+            text = str(path)
+            root = text if "://" in text or text.startswith(("hdfs:", "s3a:", "gs:")) else \
+                str(fmt.dataset_path(Path(path)))
+            frames.append(self.spark.read.schema(spark_schema()).option("basePath", root).parquet(root))
+        frame = frames[0]
+        for other in frames[1:]:
+            frame = frame.unionByName(other)
+        return frame.select(*fmt.COLUMNS)
+
+    # --- the run ------------------------------------------------------------------------------------------------
+    def check(self, paths: Path | str | list[Path] | list[str]) -> Report:
+        from pyspark.sql import functions as F
+
+        started = time.monotonic()
+        self.timings = {}
+        paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
+        ev = self.read(paths)
+        stats = self._stats(ev)
+        self._mark("stats", started)
+        names = stats["nodes"]
+        self.node_ids = self.spark.createDataFrame(list(enumerate(names)), "ni int, node string")
+        ev = ev.join(F.broadcast(self.node_ids), "node")
+        candidates = self._candidates(ev, stats)
+        first = F.min(F.struct("o", "r", "e_pk", "e_line", "r_pk", "r_line", "mode", "detail")).alias("first")
+        grouped = candidates.groupBy("invariant", "gs", "g1", "g2").agg(first).select("invariant", "first.*")
+        grouped = grouped.cache()
+        counts = {row["invariant"]: row["count"] for row in grouped.groupBy("invariant").count().collect()}
+        chosen = grouped
+        if self.limit is not None:
+            from pyspark.sql import Window
+
+            rank = F.row_number().over(Window.partitionBy("invariant").orderBy("o", "r"))
+            chosen = grouped.withColumn("rank", rank).filter(F.col("rank") <= self.limit).drop("rank")
+        rows = [self._decode(row, names) for row in chosen.collect()]
+        grouped.unpersist()
+        self._mark("catalogue", started)
+        violations = self._evidence(ev, rows)
+        self._mark("evidence", started)
+        return Report("spark", ", ".join(map(str, paths)), stats["events"], sorted(stats["sources"]),
+                      time.monotonic() - started, sort_violations(violations), counts, [],
+                      {"redelivery_grace_ms": self.grace, "evidence_events": self.evidence_events,
+                       "chunk": self.chunk, "heavy_subjects": len(stats["heavy"]),
+                       "master": self.spark.sparkContext.master, "timings": dict(self.timings)})
+
+    def _mark(self, name: str, started: float) -> None:
+        self.timings[name] = round(time.monotonic() - started - sum(self.timings.values()), 3)
+
+    @staticmethod
+    def _decode(row: Any, names: list[str]) -> dict[str, Any]:
+        mask = (1 << SEQ_BITS) - 1
+        decoded = row.asDict()
+        decoded["e_node"], decoded["e_seq"] = names[row["e_pk"] >> SEQ_BITS], row["e_pk"] & mask
+        if row["r_pk"] is None:
+            decoded["r_node"] = decoded["r_seq"] = None
+        else:
+            decoded["r_node"], decoded["r_seq"] = names[row["r_pk"] >> SEQ_BITS], row["r_pk"] & mask
+        return decoded
+
+    # --- the pre-job --------------------------------------------------------------------------------------------
+    def _stats(self, ev) -> dict[str, Any]:
+        """Per-node statistics and the sampled heavy subjects, in one small job.
+
+        The inner aggregation groups by (node, source, mesh, sampled id), where the id is set for a sample of the
+        outbox and IPC events only; the outer one folds the sampled groups back into their node's statistics and
+        lists the sampled ids that look heavy.
+        """
+        from pyspark.sql import functions as F
+
+        fraction = min(1.0, SAMPLE_TARGET / self.chunk)
+        threshold = self.chunk if fraction >= 1.0 else SAMPLE_TARGET // 2
+        sampled = F.when(F.col("kind").isin(OT, IPC) & (F.rand(11) < fraction), F.col("client_message_id"))
+        inner = ev.groupBy("node", "source", "mesh", sampled.alias("sampled")).agg(
+            F.min(F.col("seq") - F.col("line")).alias("d_min"), F.max(F.col("seq") - F.col("line")).alias("d_max"),
+            F.max("ts_ms").alias("last_ts"), F.count(F.lit(1)).alias("n"))
+        rows = inner.groupBy("node", "source", "mesh").agg(
+            F.min("d_min").alias("d_min"), F.max("d_max").alias("d_max"), F.max("last_ts").alias("last_ts"),
+            F.sum("n").alias("n"),
+            F.collect_list(F.when(F.col("sampled").isNotNull() & (F.col("n") > threshold), F.col("sampled")))
+            .alias("heavy")).collect()
+        node_end: dict[str, int] = {}
+        spread: dict[str, tuple[int, int]] = {}
+        sources: set[str] = set()
+        broker_meshes: set[str] = set()
+        heavy: set[tuple[str, str]] = set()
+        events = 0
+        for row in rows:
+            node = row["node"]
+            events += row["n"]
+            sources.add(row["source"])
+            node_end[node] = max(node_end.get(node, -1), row["last_ts"])
+            low, high = spread.get(node, (row["d_min"], row["d_max"]))
+            spread[node] = (min(low, row["d_min"]), max(high, row["d_max"]))
+            if row["source"] == "broker" and row["mesh"] is not None:
+                broker_meshes.add(row["mesh"])
+            heavy.update((node, cmid) for cmid in row["heavy"])
+        return {"events": events, "sources": sources, "broker_meshes": broker_meshes, "node_end": node_end,
+                "nodes": sorted(node_end), "heavy": sorted(heavy) if events > self.chunk else [],
+                "seq_suspects": sorted(node for node, (low, high) in spread.items() if low != high)}
+
+    # --- candidates ---------------------------------------------------------------------------------------------
+    def _candidates(self, ev, stats: dict[str, Any]):
+        parts = [self._rows(ev, stats["heavy"]), self._messages(ev, stats), self._requeues(ev),
+                 self._ordered(ev.filter(ev.kind == "sse_event"), "event_id", "TRC-EVENT-IDS-MONOTONIC")]
+        if stats["seq_suspects"]:
+            parts.append(self._ordered(ev.filter(ev.node.isin(stats["seq_suspects"])), "seq", "TRC-SEQ-MONOTONIC"))
+        result = parts[0]
+        for part in parts[1:]:
+            result = result.unionByName(part)
+        return result
+
+    @staticmethod
+    def _pk(ni="ni", seq="seq"):
+        """An event reference: (node index << 44) | seq, ordered as (node, seq)."""
+        from pyspark.sql import functions as F
+
+        ni = F.col(ni) if isinstance(ni, str) else ni
+        seq = F.col(seq) if isinstance(seq, str) else seq
+        return F.shiftleft(ni.cast("long"), SEQ_BITS) + seq.cast("long")
+
+    @staticmethod
+    def _candidate(invariant_id: str, gs, g1, g2, event, related, detail, by_line: bool = False,
+                   mode: str | None = None):
+        """The candidate struct: key (gs, g1, g2), order (o, r), references, evidence mode and a detail.
+
+        ``event`` and ``related`` are structs (or dicts) with ``pk`` and ``line``.
+        """
+        from pyspark.sql import functions as F
+
+        none_long = F.lit(None).cast("long")
+        r_pk = none_long if related is None else related["pk"]
+        r_line = none_long if related is None else related["line"]
+        return F.struct(
+            F.lit(invariant_id).alias("invariant"), F.coalesce(gs.cast("string"), F.lit("")).alias("gs"),
+            g1.cast("long").alias("g1"), g2.cast("long").alias("g2"),
+            (event["line"] if by_line else event["pk"]).cast("long").alias("o"),
+            F.coalesce(r_pk, F.lit(-1)).cast("long").alias("r"),
+            event["pk"].cast("long").alias("e_pk"), event["line"].cast("long").alias("e_line"),
+            r_pk.cast("long").alias("r_pk"), r_line.cast("long").alias("r_line"),
+            F.lit(mode or BY_ID[invariant_id].evidence).alias("mode"), detail.cast("string").alias("detail"))
+
+    @staticmethod
+    def _explode(frame, *cases):
+        """Rows -> one row per (condition, candidate struct) case that holds. The conditions are filtered on first,
+        so candidate structs are only built for violating rows."""
+        from pyspark.sql import functions as F
+
+        anything = None
+        for condition, _ in cases:
+            anything = condition if anything is None else anything | condition
+        candidates = [F.when(condition, candidate) for condition, candidate in cases]
+        return (frame.filter(F.coalesce(anything, F.lit(False))).select(F.explode(F.array(*candidates)).alias("c"))
+                .filter(F.col("c").isNotNull()).select("c.*"))
+
+    def _rows(self, ev, heavy: list[tuple[str, str]]):
+        """TRC-OUTBOX-LEGAL, TRC-IPC-CONSISTENT, TRC-FP-FROZEN, TRC-ID-NEVER-FREED, TRC-MAX-AGE."""
+        from pyspark.sql import Window
+        from pyspark.sql import functions as F
+
+        states = F.array(*[F.lit(s) for s in STATES])
+
+        def code(column: str):
+            return F.array_position(states, F.col(column)).cast("int")
+
+        def hashed(column: str):
+            return F.when(F.col(column).isNull(), F.lit(None).cast("long")).otherwise(F.xxhash64(column))
+
+        legal = legal_transitions(self.tables)
+        legal_map = F.create_map(*[x for key, delta in legal.items() for x in (F.lit(key), F.lit(delta))])
+        is_ot = F.col("kind") == OT
+        delta = F.try_element_at(legal_map, F.concat_ws("|", "from_state", "event", "to_state", "table_row"))
+        answer_ok = F.concat_ws("|", "row_state", F.coalesce(F.col("fingerprint_match").cast("string"),
+                                                             F.lit("null")),
+                                "table_row", F.col("http_status").cast("string")).isin(ipc_answers(self.tables))
+        max_age = is_ot & (((F.col("table_row") == "OB-PENDING-DISPATCH") & F.col("max_age_at_ms").isNotNull()
+                            & (F.col("ts_ms") > F.col("max_age_at_ms")))
+                           | ((F.col("table_row") == "OB-PENDING-MAX-AGE")
+                              & (F.col("max_age_at_ms").isNull() | (F.col("ts_ms") <= F.col("max_age_at_ms")))))
+        match = F.when(F.col("fingerprint_match").isNull(), 0).when(F.col("fingerprint_match"), 1).otherwise(2)
+
+        def bits(value, shift: int):
+            return F.shiftleft(F.coalesce(value, F.lit(0)).cast("long"), shift)
+
+        # one long: from(4 bits) to(4) row_state(4) delta+1(4, 0 = not a legal transition) match(2) answer ok(1)
+        # max age violated(1) is_ot(1)
+        packed = (bits(code("from_state"), 0) + bits(code("to_state"), 4) + bits(code("row_state"), 8)
+                  + bits(F.when(is_ot, delta + 1), 12) + bits(match, 16) + bits(answer_ok.cast("int"), 18)
+                  + bits(max_age.cast("int"), 19) + bits(is_ot.cast("int"), 20))
+        rows = ev.filter(F.col("kind").isin(OT, IPC)).select(
+            "ni", "seq", "line", F.xxhash64("client_message_id").alias("c1"), F.hash("client_message_id").alias("c2"),
+            hashed("outbox_id").alias("oid"), hashed("request_fingerprint").alias("fp"),
+            F.col("attempts").cast("long").alias("att"), packed.alias("bits"))
+        if heavy:
+            marks = (self.spark.createDataFrame(heavy, "node string, cmid string").join(self.node_ids, "node")
+                     .select("ni", F.xxhash64("cmid").alias("c1"), F.hash("cmid").alias("c2"),
+                             F.lit(True).alias("heavy")))
+            rows = rows.join(F.broadcast(marks), ["ni", "c1", "c2"], "left")
+            chunk = F.when(F.col("heavy"), F.floor(F.col("seq") / self.chunk) + 1).otherwise(0)
+        else:
+            chunk = F.lit(0)
+        rows = rows.withColumn("chunk", chunk.cast("long"))
+
+        def field(shift: int, width: int):
+            return F.shiftright(F.col("bits"), shift).bitwiseAND((1 << width) - 1).cast("int")
+
+        rows = rows.select("*", field(0, 4).alias("fr"), field(4, 4).alias("to"), field(8, 4).alias("st"),
+                           (field(12, 4) - 1).alias("delta"), field(16, 2).alias("fm"),
+                           (field(18, 1) == 1).alias("tok"), (field(19, 1) == 1).alias("mav"),
+                           (field(20, 1) == 1).alias("is_ot"))
+        key = ["ni", "c1", "c2", "chunk"]
+        w = Window.partitionBy(*key).orderBy("seq", "line")
+        transition = F.struct("seq", "line", "to", "oid", "att")
+        first = F.struct("seq", "line", "fp")
+        windowed = rows.select(
+            "*",
+            F.last(F.when(F.col("is_ot"), transition), ignorenulls=True)
+            .over(w.rowsBetween(Window.unboundedPreceding, -1)).alias("w_prev"),
+            F.first(F.when(F.col("is_ot"), first), ignorenulls=True)
+            .over(w.rowsBetween(Window.unboundedPreceding, 0)).alias("w_first"))
+        if heavy:
+            summary = windowed.filter(F.col("chunk") > 0).groupBy(*key).agg(
+                F.max(F.when(F.col("is_ot"), transition)).alias("last_t"),
+                F.min(F.when(F.col("is_ot"), first)).alias("first_t"))
+            ws = Window.partitionBy("ni", "c1", "c2").orderBy("chunk").rowsBetween(Window.unboundedPreceding, -1)
+            carry = summary.select(*key, F.last("last_t", ignorenulls=True).over(ws).alias("c_prev"),
+                                   F.first("first_t", ignorenulls=True).over(ws).alias("c_first"))
+            windowed = windowed.join(F.broadcast(carry), key, "left")
+            prev = F.coalesce(F.col("w_prev"), F.col("c_prev"))
+            first_t = F.coalesce(F.col("c_first"), F.col("w_first"))
+        else:
+            prev, first_t = F.col("w_prev"), F.col("w_first")
+        windowed = windowed.select("*", prev.alias("p"), first_t.alias("f"))
+        p, f = F.col("p"), F.col("f")
+        same_row = p.isNotNull() & (p["oid"] == F.col("oid"))
+        expected_from = F.when(same_row, p["to"]).otherwise(F.lit(NONE_CODE))
+        expected_attempts = F.when(same_row, p["att"]).otherwise(F.lit(0)) + F.greatest(F.col("delta"), F.lit(0))
+        pk = self._pk()
+        event = {"pk": pk, "line": F.col("line")}
+        prev_ref = {"pk": self._pk(seq=p["seq"]), "line": p["line"]}
+        first_ref = {"pk": self._pk(seq=f["seq"]), "line": f["line"]}
+        same_ref = {"pk": F.when(same_row, self._pk(seq=p["seq"])), "line": F.when(same_row, p["line"])}
+        ot = F.col("is_ot")
+        outbox = ot & ((F.col("delta") < 0) | ~F.col("fr").eqNullSafe(expected_from)
+                       | ~F.col("att").eqNullSafe(expected_attempts))
+        expected_state = F.coalesce(p["to"], F.lit(NONE_CODE))
+        expected_match = F.when(p.isNull(), F.lit(0)).when(F.col("fp") == f["fp"], 1).otherwise(2)
+        ipc = ~ot & (~F.col("st").eqNullSafe(expected_state) | ~F.col("fm").eqNullSafe(expected_match)
+                     | ~F.col("tok") | (p.isNotNull() & F.col("oid").isNotNull() & (F.col("oid") != p["oid"])))
+        frozen = ot & ~F.col("fp").eqNullSafe(f["fp"])
+        freed = ot & (F.col("fr") == NONE_CODE) & p.isNotNull()
+        zero, gs = F.lit(0), F.col("ni")
+        return self._explode(
+            windowed,
+            (outbox, self._candidate("TRC-OUTBOX-LEGAL", gs, F.col("oid"), zero, event, same_ref,
+                                     F.format_string("transition not legal from the replayed state %s",
+                                                     F.element_at(states, F.greatest(expected_from, F.lit(1)))))),
+            (ipc, self._candidate("TRC-IPC-CONSISTENT", gs, F.col("c1"), F.col("c2"), event, prev_ref,
+                                  F.format_string("decision inconsistent with row state %s",
+                                                  F.element_at(states, F.greatest(expected_state, F.lit(1)))))),
+            (frozen, self._candidate("TRC-FP-FROZEN", gs, F.col("oid"), zero, event, first_ref,
+                                     F.lit("fingerprint differs from the row's frozen fingerprint"))),
+            (freed, self._candidate("TRC-ID-NEVER-FREED", gs, F.col("c1"), F.col("c2"), event, first_ref,
+                                    F.lit("a new row for an id already bound to a row"))),
+            (F.col("mav"), self._candidate("TRC-MAX-AGE", gs, F.col("oid"), zero, event, None,
+                                           F.lit("dispatched after, or aged out before, max_age_at_ms"))))
+
+    def _messages(self, ev, stats: dict[str, Any]):
+        """The broker and inbox invariants: three aggregations with fixed-width buffers (hashed keys, longs and
+        booleans), so Spark aggregates by hashing, map side first.
+
+        * per (mesh, client_message_id, broker_message_id): TRC-SIDE-EFFECTS, TRC-DONE-HAS-MESSAGE,
+          TRC-DELIVERY-COMMITTED, then per (mesh, client_message_id) TRC-ONE-MESSAGE;
+        * per (mesh, delivery_id): TRC-DELIVERY-ACKED;
+        * per (recipient, client_message_id): TRC-ONE-INBOX-ROW.
+        """
+        from pyspark.sql import functions as F
+
+        kind = F.col("kind")
+        named = (kind == "accept_decision") & F.col("broker_message_id").isNotNull()
+        commit = kind == "accept_commit"
+        done = (kind == OT) & (F.col("to_state") == "done")
+        delivery, ack = kind == "delivery", kind == "delivery_ack"
+        complete = ((F.col("effects_dedupe") == 1) & (F.col("effects_message") == 1)
+                    & (F.col("effects_history") == 1) & (F.col("effects_delivery") == F.col("recipients")))
+        broker_meshes = sorted(stats["broker_meshes"])
+        in_scope = F.col("mesh").isin(broker_meshes) if broker_meshes else F.lit(False)
+        pk = self._pk()
+
+        def first(flag: str, name: str | None = None) -> list[Any]:
+            name = name or flag
+            order = F.when(F.col(flag), F.col("pk"))
+            return [F.min(order).alias(f"{name}_pk"), F.min_by("line", order).alias(f"{name}_line")]
+
+        def last(flag: str, name: str) -> list[Any]:
+            order = F.when(F.col(flag), F.col("pk"))
+            return [F.max(order).alias(f"{name}_pk"), F.max_by("line", order).alias(f"{name}_line")]
+
+        def ref(name: str):
+            return {"pk": F.col(f"{name}_pk"), "line": F.col(f"{name}_line")}
+
+        blank = F.lit("")
+        m1, m2 = F.col("m1"), F.col("m2")
+        # --- per broker message
+        flags = {"named": named | commit, "accept": named & (F.col("table_row") == "BRK-ACCEPT"),
+                 "commit": commit, "bad": commit & ~F.coalesce(complete, F.lit(False)), "done": done,
+                 "delivery": delivery}
+        ledger = ev.filter(named | commit | done | delivery).select(
+            F.xxhash64("mesh", "client_message_id").alias("m1"), F.hash("mesh", "client_message_id").alias("m2"),
+            F.xxhash64("broker_message_id").alias("b1"), F.hash("broker_message_id").alias("b2"),
+            pk.alias("pk"), "line", in_scope.alias("scope"), *[flag.alias(name) for name, flag in flags.items()]
+        ).groupBy("m1", "m2", "b1", "b2").agg(
+            *first("named"), *first("accept"), *first("commit"), *last("commit", "commit_last"), *first("bad"),
+            *first("done"), *first("delivery"), F.count(F.when(F.col("commit"), 1)).alias("commits"),
+            F.max("scope").alias("scope"))
+        uncommitted = F.col("commits") == 0
+        per_message = self._explode(
+            ledger,
+            (F.col("bad_pk").isNotNull(), self._candidate(
+                "TRC-SIDE-EFFECTS", blank, m1, m2, ref("bad"), None,
+                F.lit("a commit without exactly one dedupe, message and history row and one delivery per recipient"))),
+            (F.col("accept_pk").isNotNull() & uncommitted, self._candidate(
+                "TRC-SIDE-EFFECTS", blank, m1, m2, ref("accept"), None, F.lit("a BRK-ACCEPT without its commit"))),
+            (F.col("done_pk").isNotNull() & uncommitted & F.col("scope"), self._candidate(
+                "TRC-DONE-HAS-MESSAGE", blank, m1, m2, ref("done"), None,
+                F.lit("done with a broker_message_id the broker never committed"))),
+            (F.col("delivery_pk").isNotNull() & uncommitted, self._candidate(
+                "TRC-DELIVERY-COMMITTED", blank, m1, m2, ref("delivery"), None,
+                F.lit("a delivery of a message the broker never committed"))))
+        messages = ledger.filter(F.col("named_pk").isNotNull()).groupBy("m1", "m2").agg(
+            F.count(F.lit(1)).alias("messages"),
+            F.min("named_pk").alias("low_pk"), F.min_by("named_line", "named_pk").alias("low_line"),
+            F.max("named_pk").alias("high_pk"), F.max_by("named_line", "named_pk").alias("high_line"),
+            F.sum("commits").alias("commits"),
+            F.min("commit_pk").alias("commit_pk"), F.min_by("commit_line", "commit_pk").alias("commit_line"),
+            F.max("commit_last_pk").alias("commit_last_pk"),
+            F.max_by("commit_last_line", "commit_last_pk").alias("commit_last_line"))
+        two = F.col("messages") > 1
+        one_message = self._explode(
+            messages,
+            (two, self._candidate("TRC-ONE-MESSAGE", blank, m1, m2, ref("high"), ref("low"),
+                                  F.format_string("%d broker messages", "messages"))),
+            (~two & (F.col("commits") > 1), self._candidate(
+                "TRC-ONE-MESSAGE", blank, m1, m2, ref("commit_last"), ref("commit"),
+                F.format_string("%d commits", "commits"))))
+        # --- per delivery
+        deliveries = ev.filter(delivery | ack).select(
+            F.xxhash64("mesh", "delivery_id").alias("m1"), F.hash("mesh", "delivery_id").alias("m2"),
+            pk.alias("pk"), "line", "lease_until_ms", delivery.alias("delivery"), ack.alias("ack")
+        ).groupBy("m1", "m2").agg(
+            *last("delivery", "last"),
+            F.max_by("lease_until_ms", F.when(F.col("delivery"), F.col("pk"))).alias("last_lease"),
+            *first("ack")).filter(F.col("last_pk").isNotNull())
+        ends = self.spark.createDataFrame(sorted(stats["node_end"].items()), "node string, end long").join(
+            self.node_ids, "node").select(F.col("ni").alias("end_ni"), "end")
+        deliveries = deliveries.join(F.broadcast(ends), F.shiftright(F.col("last_pk"), SEQ_BITS) == F.col("end_ni"),
+                                     "left")
+        acked = self._explode(
+            deliveries,
+            (F.col("ack_pk").isNull() & (F.col("last_lease") + self.grace < F.col("end")), self._candidate(
+                "TRC-DELIVERY-ACKED", blank, m1, m2, ref("last"), None, F.format_string(
+                    "never acked; lease ended at %d, the broker traced until %d", "last_lease", "end"))),
+            (F.col("ack_pk").isNotNull() & (F.struct("last_pk", "last_line") > F.struct("ack_pk", "ack_line")),
+             self._candidate("TRC-DELIVERY-ACKED", blank, m1, m2, ref("last"), ref("ack"),
+                             F.lit("delivered again after its ack"))))
+        # --- per inbox row
+        inbox = ev.filter((kind == "inbox_insert") & F.coalesce(F.col("inserted"), F.lit(False))).select(
+            F.xxhash64("recipient", "client_message_id").alias("m1"),
+            F.hash("recipient", "client_message_id").alias("m2"), pk.alias("pk"), "line", F.lit(True).alias("ins")
+        ).groupBy("m1", "m2").agg(F.count(F.lit(1)).alias("inserts"), *first("ins", "low"), *last("ins", "high"))
+        inserted = self._explode(inbox, (F.col("inserts") > 1, self._candidate(
+            "TRC-ONE-INBOX-ROW", blank, m1, m2, ref("high"), ref("low"),
+            F.format_string("%d inbox rows inserted", "inserts"))))
+        return per_message.unionByName(one_message).unionByName(acked).unionByName(inserted)
+
+    def _requeues(self, ev):
+        """TRC-FP-FROZEN for requeue successors: the successor carries the fingerprint of the (first) row whose
+        ``superseded_by`` names it."""
+        from pyspark.sql import functions as F
+
+        successor = F.col("from_state") == "none"
+        k = F.when(successor, F.col("outbox_id")).otherwise(F.col("superseded_by"))
+        pairs = ev.filter((F.col("kind") == OT) & (F.col("event") == "requeue")
+                          & (successor | (F.col("to_state") == "aborted"))).select(
+            "ni", F.xxhash64(k).alias("k1"), F.hash(k).alias("k2"), successor.alias("successor"),
+            self._pk().alias("pk"), "line", F.xxhash64("request_fingerprint").alias("fp"))
+
+        def first(is_successor: bool, name: str) -> list[Any]:
+            order = F.when(F.col("successor") == F.lit(is_successor), F.col("pk"))
+            return [F.min(order).alias(f"{name}_pk"), F.min_by("line", order).alias(f"{name}_line"),
+                    F.min_by("fp", order).alias(f"{name}_fp")]
+
+        pairs = pairs.groupBy("ni", "k1", "k2").agg(*first(True, "new"), *first(False, "old"))
+        event = {"pk": F.col("new_pk"), "line": F.col("new_line")}
+        related = {"pk": F.col("old_pk"), "line": F.col("old_line")}
+        return self._explode(pairs, (
+            F.col("new_pk").isNotNull() & F.col("old_pk").isNotNull() & (F.col("new_fp") != F.col("old_fp")),
+            self._candidate("TRC-FP-FROZEN", F.col("ni"), F.col("k1"), F.col("k2"), event, related,
+                            F.lit("requeue successor fingerprint differs from the retired row's"), mode="pair")))
+
+    def _ordered(self, frame, value: str, invariant_id: str):
+        """Per node, ``value`` strictly increases in line order: windows over chunks of ``line``, boundaries on a
+        per-chunk summary."""
+        from pyspark.sql import Window
+        from pyspark.sql import functions as F
+
+        events = frame.select("ni", "line", "seq", F.col(value).cast("long").alias("value"),
+                              F.floor(F.col("line") / self.chunk).alias("chunk"))
+        point = F.struct("line", "seq", "value")
+        w = Window.partitionBy("ni", "chunk").orderBy("line", "seq")
+        within = events.select("ni", "seq", "line", "value", F.lag(point).over(w).alias("prev"))
+        zero = F.lit(0)
+        here = {"pk": self._pk(), "line": F.col("line")}
+        before = {"pk": self._pk(seq=F.col("prev.seq")), "line": F.col("prev.line")}
+        inside = self._explode(within, (F.col("value") <= F.col("prev.value"), self._candidate(
+            invariant_id, F.col("ni"), zero, zero, here, before,
+            F.format_string(f"{value} %d after %d", "value", "prev.value"), by_line=True)))
+        # line order within a node: (line, seq) packed for min_by/max_by (line < 2^40, seq tie-break < 2^23)
+        order = F.shiftleft(F.col("line"), 23) + F.col("seq").bitwiseAND((1 << 23) - 1)
+        summary = events.groupBy("ni", "chunk").agg(
+            F.min("line").alias("head_line"), F.min_by("seq", order).alias("head_seq"),
+            F.min_by("value", order).alias("head_value"), F.max("line").alias("tail_line"),
+            F.max_by("seq", order).alias("tail_seq"), F.max_by("value", order).alias("tail_value"))
+        ws = Window.partitionBy("ni").orderBy("chunk")
+        bounds = summary.select("ni", "head_line", "head_seq", "head_value",
+                                *[F.lag(c).over(ws).alias(f"prev_{c}") for c in ("tail_line", "tail_seq",
+                                                                                  "tail_value")])
+        head = {"pk": self._pk(seq=F.col("head_seq")), "line": F.col("head_line")}
+        tail = {"pk": self._pk(seq=F.col("prev_tail_seq")), "line": F.col("prev_tail_line")}
+        across = self._explode(bounds, (F.col("head_value") <= F.col("prev_tail_value"), self._candidate(
+            invariant_id, F.col("ni"), zero, zero, head, tail,
+            F.format_string(f"{value} %d after %d", "head_value", "prev_tail_value"), by_line=True)))
+        return inside.unionByName(across)
+
+    # --- evidence -----------------------------------------------------------------------------------------------
+    def _evidence(self, ev, rows: list[dict[str, Any]]) -> list[Violation]:
+        from pyspark.sql import Window
+        from pyspark.sql import functions as F
+
+        if not rows:
+            return []
+        spark = self.spark
+        refs = {(r["e_node"], r["e_line"]) for r in rows} | {(r["r_node"], r["r_line"]) for r in rows
+                                                             if r["r_node"] is not None}
+        wanted = spark.createDataFrame(sorted(refs), "node string, line long")
+        fetched = {(row["node"], row["line"]): row.asDict() for row in
+                   ev.join(F.broadcast(wanted), ["node", "line"]).select(*fmt.COLUMNS).collect()}
+        keep = self.evidence_events - 1
+        row_subjects, delivery_subjects = [], []
+        for vid, r in enumerate(rows):
+            if r["mode"] != "prefix":
+                continue
+            event = fetched[(r["e_node"], r["e_line"])]
+            if r["invariant"] == "TRC-DELIVERY-ACKED":
+                delivery_subjects.append((vid, event["mesh"], event["delivery_id"], r["e_node"], r["e_seq"],
+                                          r["e_line"]))
+            else:
+                one_row = r["invariant"] in ("TRC-OUTBOX-LEGAL", "TRC-FP-FROZEN", "TRC-MAX-AGE")
+                row_subjects.append((vid, event["node"], event["client_message_id"],
+                                     event["outbox_id"] if one_row else None,
+                                     r["invariant"] == "TRC-IPC-CONSISTENT", r["e_seq"], r["e_line"]))
+        prefixes: dict[int, list[dict[str, Any]]] = defaultdict(list)
+        up = Window.partitionBy("vid").orderBy("node", "seq", "line")
+        down = Window.partitionBy("vid").orderBy(F.col("node").desc(), F.col("seq").desc(), F.col("line").desc())
+
+        def trimmed(frame) -> list[Any]:
+            return (frame.withColumn("up", F.row_number().over(up)).withColumn("down", F.row_number().over(down))
+                    .filter((F.col("up") == 1) | (F.col("down") <= keep)).drop("up", "down").collect())
+
+        if row_subjects:
+            subjects = spark.createDataFrame(row_subjects, "vid int, s_node string, s_cmid string, s_oid string, "
+                                                           "s_ipc boolean, s_seq long, s_line long")
+            joined = ev.filter(F.col("kind").isin(OT, IPC)).join(
+                F.broadcast(subjects), (F.col("node") == F.col("s_node"))
+                & (F.col("client_message_id") == F.col("s_cmid"))).filter(
+                ((F.col("kind") == OT) | F.col("s_ipc"))
+                & (F.col("s_oid").isNull() | (F.col("outbox_id") == F.col("s_oid")))
+                & (F.struct("seq", "line") <= F.struct("s_seq", "s_line")))
+            for row in trimmed(joined.select("vid", *fmt.COLUMNS)):
+                prefixes[row["vid"]].append(row.asDict())
+        if delivery_subjects:
+            subjects = spark.createDataFrame(delivery_subjects, "vid int, s_mesh string, s_did string, "
+                                                                "s_node string, s_seq long, s_line long")
+            joined = ev.filter(F.col("kind").isin("delivery", "delivery_ack")).join(
+                F.broadcast(subjects), (F.col("mesh") == F.col("s_mesh"))
+                & (F.col("delivery_id") == F.col("s_did"))).filter(
+                F.struct("node", "seq", "line") <= F.struct("s_node", "s_seq", "s_line"))
+            for row in trimmed(joined.select("vid", *fmt.COLUMNS)):
+                prefixes[row["vid"]].append(row.asDict())
+        violations = []
+        for vid, r in enumerate(rows):
+            event_row = fetched[(r["e_node"], r["e_line"])]
+            related = None if r["r_node"] is None else EventRef(r["r_node"], r["r_seq"], r["r_line"])
+            chosen = {(row["node"], row["seq"], row["line"]): row for row in prefixes.get(vid, [])}
+            chosen[(r["e_node"], r["e_seq"], r["e_line"])] = event_row
+            if related is not None:
+                chosen[(related.node, related.seq, related.line)] = fetched[(related.node, related.line)]
+            evidence = tuple(fmt.row_to_event(chosen[k]) for k in sorted(chosen))
+            key = tuple((name, str(event_row[name])) for name in BY_ID[r["invariant"]].key)
+            violations.append(Violation(r["invariant"], key, EventRef(r["e_node"], r["e_seq"], r["e_line"]), related,
+                                        r["detail"] or "", evidence))
+        return violations
+
+
+def check(paths: Path | str | list[Path] | list[str], master: str | None = "local[*]", spark: Any = None,
+          **options: Any) -> Report:
+    """Check a Parquet trace with Spark (a session is created for ``master`` unless ``spark`` is given)."""
+    if spark is None:
+        from spark_checks.session import build_session
+
+        spark = build_session(master)
+    return SparkChecker(spark, **options).check(paths)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m spark_checks.spark`` / ``spark-submit spark_checks/spark.py``: check a Parquet trace."""
+    parser = argparse.ArgumentParser(prog="spark_checks.spark", description=__doc__.splitlines()[0])
+    parser.add_argument("paths", nargs="+", help="Parquet trace datasets (local paths or any Hadoop URI)")
+    parser.add_argument("--master", default=None, help="master URL; default: the one spark-submit set, else local[*]")
+    parser.add_argument("--report", type=Path, help="write the JSON report here")
+    parser.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, help="events per window chunk of a heavy subject")
+    parser.add_argument("--limit", type=int, default=100, help="violations listed per invariant")
+    parser.add_argument("--redelivery-grace-ms", type=int, default=DEFAULT_REDELIVERY_GRACE_MS)
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    from spark_checks.session import build_session
+
+    # Under spark-submit the Python driver talks to an existing JVM (PYSPARK_GATEWAY_PORT): keep its master.
+    master = args.master or (None if "PYSPARK_GATEWAY_PORT" in os.environ else "local[*]")
+    spark = build_session(master)
+    report = SparkChecker(spark, chunk=args.chunk, redelivery_grace_ms=args.redelivery_grace_ms,
+                          limit=args.limit).check(args.paths)
+    document = report.as_dict()
+    if args.report:
+        args.report.write_text(json.dumps(document, indent=2) + "\n")
+    print(json.dumps({k: document[k] for k in ("engine", "events", "seconds", "events_per_second")}))
+    for inv in document["invariants"]:
+        print(f"{inv['id']:<26} {'ok' if not inv['violations'] else inv['violations']}")
+    return 1 if report.violations else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""Helpers for the trace-check tests (a plain module: conftest.py is not importable)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from spark_checks import format as fmt
+from spark_checks.generate import Params, generate
+from spark_checks.oracle import Report
+
+SMALL = 8_000  # events per generated test trace
+
+
+def make_trace(root: Path, name: str, seed: int, inject: Iterable[str] = (), events: int = SMALL, **params: Any
+               ) -> tuple[Path, dict[str, Any]]:
+    """Generate a small trace under ``root/name``; returns (its directory, its manifest)."""
+    out = root / name
+    manifest = generate(out, Params(events=events, daemons=params.pop("daemons", 8), seed=seed,
+                                    inject=tuple(inject), fault_rate=params.pop("fault_rate", 0.3), **params),
+                        workers=1)
+    return out, manifest
+
+
+def expected(manifest: dict[str, Any]) -> set[tuple[str, tuple[tuple[str, str], ...]]]:
+    """The (invariant, key) pairs a checker must report for a generated trace."""
+    return {(i["invariant"], tuple(i["key"].items())) for i in manifest["injections"]}
+
+
+def found(report: Report, nodes: set[str] | None = None, meshes: set[str] | None = None
+          ) -> set[tuple[str, tuple[tuple[str, str], ...]]]:
+    """The (invariant, key) pairs a report names, optionally only those whose event is on ``nodes`` of ``meshes``."""
+    picked = set()
+    for violation in report.violations:
+        if nodes is not None and violation.event.node not in nodes:
+            continue
+        picked.add((violation.invariant, violation.key))
+    return picked
+
+
+def nodes_of(trace: Path) -> set[str]:
+    return {row["node"] for directory in fmt.bucket_dirs(trace)
+            for row in fmt.read_bucket(directory, ["node"]).to_pylist()}
+
+
+# --- hand-made events: a skewed subject with violations deep inside it ------------------------------------------
+
+def fingerprint(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class Daemon:
+    """Writes schema-shaped daemon events for one node, with seq = line."""
+
+    def __init__(self, node: str, mesh: str = "mesh-skew"):
+        self.node = node
+        self.mesh = mesh
+        self.seq = 0
+        self.events: list[dict[str, Any]] = []
+
+    def _emit(self, kind: str, **members: Any) -> dict[str, Any]:
+        event = {"v": 1, "source": "daemon", "node": self.node, "seq": self.seq, "ts_ms": 1_767_225_600_000 + self.seq,
+                 "kind": kind, **members}
+        self.seq += 1
+        self.events.append(event)
+        return event
+
+    def transition(self, outbox_id: str, cmid: str, fp: str, from_state: str, to_state: str, event: str,
+                   table_row: str, attempts: int, broker_message_id: str | None = None) -> dict[str, Any]:
+        return self._emit("outbox_transition", mesh=self.mesh, outbox_id=outbox_id, client_message_id=cmid,
+                          request_fingerprint=fp, **{"from": from_state, "to": to_state}, event=event,
+                          table_row=table_row, attempts=attempts, enqueued_at_ms=1_767_225_600_000,
+                          max_age_at_ms=1_767_229_200_000, broker_message_id=broker_message_id, superseded_by=None)
+
+    def decision(self, cmid: str, fp: str, row_state: str, match: bool | None, table_row: str, status: int,
+                 outbox_id: str | None) -> dict[str, Any]:
+        return self._emit("ipc_decision", mesh=self.mesh, client_message_id=cmid, request_fingerprint=fp,
+                          row_state=row_state, fingerprint_match=match, table_row=table_row, http_status=status,
+                          outbox_id=outbox_id)
+
+    def done_row(self, outbox_id: str, cmid: str, fp: str) -> None:
+        """IPC-NEW, accept, dispatch, 201 -> done."""
+        self.decision(cmid, fp, "none", None, "IPC-NEW", 202, None)
+        self.transition(outbox_id, cmid, fp, "none", "pending", "accept", "OB-NONE-ACCEPT", 0)
+        self.transition(outbox_id, cmid, fp, "pending", "inflight", "dispatch", "OB-PENDING-DISPATCH", 1)
+        self.transition(outbox_id, cmid, fp, "inflight", "done", "ack_created", "OB-INFLIGHT-CREATED", 1,
+                        broker_message_id="01JBROKERMESSAGE0000000001")
+
+    def repost(self, cmid: str, fp: str, outbox_id: str, times: int) -> None:
+        for _ in range(times):
+            self.decision(cmid, fp, "done", True, "IPC-DONE-MATCH", 200, outbox_id)
+
+
+def skewed_trace(root: Path) -> tuple[Path, set[tuple[str, tuple[tuple[str, str], ...]]]]:
+    """Two daemons whose hot rows have hundreds of events, with violations far from their first events.
+
+    Returns the Parquet dataset and the (invariant, key) pairs a checker must report.
+    """
+    fp, other = fingerprint("hot"), fingerprint("other")
+    a = Daemon("daemon-skew-a")
+    oid = "01JSKEWROW0000000000000001"
+    a.done_row(oid, "hot-a", fp)
+    a.repost("hot-a", fp, oid, 200)
+    a.decision("hot-a", fp, "pending", True, "IPC-PENDING-MATCH", 202, oid)  # the row is done: inconsistent
+    a.repost("hot-a", fp, oid, 100)
+    a.transition(oid, "hot-a", other, "done", "done", "ack_created", "OB-INFLIGHT-CREATED", 1)  # illegal + new fp
+    a.repost("hot-a", fp, oid, 60)
+    a.transition("01JSKEWROW0000000000000002", "hot-a", fp, "none", "pending", "accept", "OB-NONE-ACCEPT", 0)  # freed
+    b = Daemon("daemon-skew-b")
+    b.done_row("01JSKEWROW0000000000000003", "hot-b", fp)
+    b.repost("hot-b", fp, "01JSKEWROW0000000000000003", 400)  # heavy and clean
+    rows = [fmt.event_to_row(e, e["seq"]) for e in a.events + b.events]
+    dataset = root / "skew"
+    fmt.write_dataset(fmt.rows_to_table(rows), dataset, buckets=4)
+    want = {
+        ("TRC-IPC-CONSISTENT", (("node", "daemon-skew-a"), ("client_message_id", "hot-a"))),
+        ("TRC-OUTBOX-LEGAL", (("node", "daemon-skew-a"), ("outbox_id", oid))),
+        ("TRC-FP-FROZEN", (("node", "daemon-skew-a"), ("outbox_id", oid))),
+        ("TRC-ID-NEVER-FREED", (("node", "daemon-skew-a"), ("client_message_id", "hot-a"))),
+    }
+    return dataset, want
+
+
+def same_answers(left: Report, right: Report) -> list[str]:
+    """Differences between two reports' violations (identity and evidence), as readable lines."""
+    problems = [f"only in {left.engine}: {v}" for v in sorted(left.identities() - right.identities(), key=str)]
+    problems += [f"only in {right.engine}: {v}" for v in sorted(right.identities() - left.identities(), key=str)]
+    evidence = {v.identity: v.evidence for v in right.violations}
+    for violation in left.violations:
+        theirs = evidence.get(violation.identity)
+        if theirs is not None and theirs != violation.evidence:
+            problems.append(f"evidence differs for {violation.identity}")
+    return problems
