@@ -185,7 +185,9 @@ def _row(result: dict[str, Any]) -> None:
 
 
 def _summary(results: list[dict[str, Any]]) -> None:
-    print("\nsize   engine     events/s      seconds   peak GB   Spark rate / this rate")
+    print(f"\nloadavg at the end: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}"
+          if Path("/proc/loadavg").exists() else "")
+    print("size   engine     events/s      seconds   wall s   peak GB   Spark rate / this rate")
     for size in sorted({r["size"] for r in results}):
         rows = {r["engine"]: r for r in results if r["size"] == size}
         spark = rows.get("spark")
@@ -194,18 +196,19 @@ def _summary(results: list[dict[str, Any]]) -> None:
             ratio = ""
             if spark is not None and engine in ("duckdb", "oracle"):
                 ratio = f"{(spark['events'] / spark['seconds']) / rate:.2f}"
-            print(f"{_label(size):<6} {engine:<10} {rate:>11,.0f} {r['seconds']:>11.1f} "
+            print(f"{_label(size):<6} {engine:<10} {rate:>11,.0f} {r['seconds']:>11.1f} {r['wall']:>8.1f} "
                   f"{r['peak_rss'] / 1024**3:>9.2f}   {ratio}")
         if size >= 100_000_000:
             checks = []
             if spark is not None:
-                checks.append(("catalogue in ≤ 10 min", spark["seconds"] <= TARGET_SECONDS))
+                # the whole child process: JVM start, session, catalogue, evidence
+                checks.append(("catalogue in ≤ 10 min (wall)", spark["wall"] <= TARGET_SECONDS))
                 checks.append(("peak memory ≤ 12 GB", spark["peak_rss"] <= TARGET_MEMORY))
                 if "duckdb" in rows:
                     duck = rows["duckdb"]
                     checks.append(("≥ 0.25 of DuckDB's rate", spark["seconds"] <= duck["seconds"] / TARGET_RATIO))
             if "generator" in rows:
-                checks.append(("generator ≤ 10 min", rows["generator"]["seconds"] <= TARGET_SECONDS))
+                checks.append(("generator ≤ 10 min (wall)", rows["generator"]["wall"] <= TARGET_SECONDS))
             for name, ok in checks:
                 print(f"  target {name}: {'met' if ok else 'MISSED'}")
 

@@ -10,6 +10,9 @@ collected.
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -177,6 +180,9 @@ def check(paths: Path | list[Path], threads: int | None = None, memory_limit: st
     started = time.monotonic()
     paths = [paths] if isinstance(paths, Path) else list(paths)
     con = duckdb.connect()
+    # Spill under the system temp directory, never into the working directory (DuckDB's default ``.tmp``).
+    spill = Path(tempfile.gettempdir()) / f"meshtrace-duckdb-{os.getpid()}"
+    con.execute(f"SET temp_directory = {_literal(str(spill))}")
     if threads:
         con.execute(f"SET threads = {int(threads)}")
     if memory_limit:
@@ -221,6 +227,7 @@ def check(paths: Path | list[Path], threads: int | None = None, memory_limit: st
         violations.append(Violation(invariant_id, _key(con, invariant_id, node, line), EventRef(node, seq, line),
                                     related))
     con.close()
+    shutil.rmtree(spill, ignore_errors=True)
     return Report("duckdb", ", ".join(map(str, paths)), events, sorted(sources), time.monotonic() - started,
                   sort_violations(violations), counts, [], {"redelivery_grace_ms": redelivery_grace_ms})
 

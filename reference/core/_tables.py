@@ -12,6 +12,7 @@ combination are one dict hit. Only answers are memoised: a lookup that raised sc
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -145,3 +146,11 @@ class DecisionTable:
 
 def _show(inputs: Mapping[str, str]) -> str:
     return ", ".join(f"{k}={v}" for k, v in inputs.items())
+
+
+@functools.cache
+def spec_table(name: str) -> DecisionTable:
+    """The decision table ``spec/tables/<name>.yaml``, loaded once per process."""
+    from spec import load_table
+
+    return DecisionTable(load_table(name))

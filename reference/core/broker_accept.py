@@ -11,19 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from spec import load_table
-
-from ._tables import DecisionTable
-
-_TABLE: DecisionTable | None = None
+from ._tables import DecisionTable, spec_table
 
 
 def table() -> DecisionTable:
     """The accept table, loaded once from spec/tables/broker_accept.yaml."""
-    global _TABLE
-    if _TABLE is None:
-        _TABLE = DecisionTable(load_table("broker_accept"))
-    return _TABLE
+    return spec_table("broker_accept")
 
 
 @dataclass(frozen=True)

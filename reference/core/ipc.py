@@ -9,23 +9,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from spec import load_table
-
-from ._tables import DecisionTable
+from ._tables import DecisionTable, spec_table
 from .fingerprint import fingerprint_prefix
 from .outbox import OutboxRow
 
 IDEMPOTENCY_KEY_REUSED = "idempotency_key_reused"
 
-_TABLE: DecisionTable | None = None
-
-
 def table() -> DecisionTable:
     """The lookup table, loaded once from spec/tables/ipc_lookup.yaml."""
-    global _TABLE
-    if _TABLE is None:
-        _TABLE = DecisionTable(load_table("ipc_lookup"))
-    return _TABLE
+    return spec_table("ipc_lookup")
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from spec import load_table
-
-from ._tables import DecisionTable, TableError
+from ._tables import DecisionTable, TableError, spec_table
 
 STATES = ("pending", "inflight", "done", "dead", "aborted")
 TERMINAL = frozenset({"done", "dead", "aborted"})
@@ -158,15 +156,9 @@ IO_EFFECTS = frozenset(
 )
 KNOWN_EFFECTS = frozenset(DATA_EFFECTS) | IO_EFFECTS
 
-_TABLE: DecisionTable | None = None
-
-
 def table() -> DecisionTable:
     """The outbox table, loaded once from spec/tables/outbox.yaml."""
-    global _TABLE
-    if _TABLE is None:
-        _TABLE = DecisionTable(load_table("outbox"))
-    return _TABLE
+    return spec_table("outbox")
 
 
 def apply(row: OutboxRow | None, event: OutboxEvent, policy: OutboxPolicy, decisions: DecisionTable | None = None
