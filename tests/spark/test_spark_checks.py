@@ -97,11 +97,12 @@ def test_spark_submit_runs_the_same_module(traces, tmp_path: Path):
            "PYSPARK_DRIVER_PYTHON": sys.executable}
     loopback = [f"--conf=spark.driver.{name}=127.0.0.1" for name in ("bindAddress", "host")]
     module = Path(__file__).resolve().parents[2] / "spark_checks" / "spark.py"
-    done = subprocess.run([str(submit), "--master", "local[1]", *loopback, "--conf=spark.ui.enabled=false",
+    small = ["--conf=spark.ui.enabled=false", "--conf=spark.sql.shuffle.partitions=4", "--driver-memory", "1g"]
+    done = subprocess.run([str(submit), "--master", "local[2]", *loopback, *small,
                            str(module), str(trace), "--report", str(report)],
                           env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 1, done.stderr[-3000:]
     document = json.loads(report.read_text())
     assert document["engine"] == "spark" and document["events"] == manifest["events"]
-    assert document["settings"]["master"] == "local[1]", "the master spark-submit set is kept"
+    assert document["settings"]["master"] == "local[2]", "the master spark-submit set is kept"
     assert {(v["invariant"], tuple(v["key"].items())) for v in document["violations"]} == expected(manifest)
