@@ -25,7 +25,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from importlib import resources
 from typing import Any, ClassVar
 
@@ -82,7 +82,8 @@ ORPHAN_RULES = (
 )
 #: Every statement an engine must define in ``SQL``.
 STATEMENTS = (
-    "mesh_policy", "member_exists", "claim_dedupe", "read_dedupe", "topic_exists", "queue_exists",
+    "mesh_policy", "member_exists", "sender_policy", "savepoint", "rollback_to_savepoint", "claim_dedupe",
+    "read_dedupe", "topic_exists", "queue_exists",
     "topic_recipients", "queue_recipients", "insert_topic_message", "insert_queue_message", "insert_history",
     "insert_delivery", "add_mesh", "add_member", "create_topic", "subscribe", "create_queue", "add_queue_consumer",
     "due_delivery_exists", "lease_deliveries", "leased_deliveries", "ack_delivery", "prune_flip_history",
@@ -247,61 +248,100 @@ class SqlBrokerStore(BrokerStore):
             for pubkey in consumers:
                 self._x(cur, "add_queue_consumer", mesh_id=mesh_id, queue_id=queue_id, pubkey=pubkey)
 
-    # --- accept (§4.7.2) -----------------------------------------------------------------------------------------
+    # --- accept (§4.7.2): one send, or a group of sends under one COMMIT ---------------------------------------------
 
     def accept(
         self, req: AcceptRequest, broker_message_id: str, history_id: str, checks: AcceptChecks | None = None
     ) -> AcceptResult:
+        return self.accept_batch([(req, broker_message_id, history_id)], checks)[0]
+
+    def accept_batch(
+        self, calls: Sequence[tuple[AcceptRequest, str, str]], checks: AcceptChecks | None = None
+    ) -> list[AcceptResult]:
+        checks = checks or self.checks
+        results: list[AcceptResult | None] = [None] * len(calls)
+        pending = list(range(len(calls)))
+        while pending:  # a key appears at most once per transaction; a repeat waits for the next one
+            group: list[int] = []
+            later: list[int] = []
+            keys: set[tuple[str, str]] = set()
+            for index in pending:
+                key = (calls[index][0].mesh_id, calls[index][0].client_message_id)
+                (later if key in keys else group).append(index)
+                keys.add(key)
+            group.sort(key=lambda i: (calls[i][0].mesh_id, calls[i][0].client_message_id))
+            self._accept_group(calls, group, checks, results)
+            pending = later
+        assert all(result is not None for result in results)
+        return results  # type: ignore[return-value]
+
+    def _accept_group(
+        self, calls: Sequence[tuple[AcceptRequest, str, str]], group: list[int], checks: AcceptChecks,
+        results: list[AcceptResult | None],
+    ) -> None:
+        """One write transaction for ``group`` (distinct keys, in key order): each send inside its own savepoint,
+        then one COMMIT for all that decided to commit. Fills ``results[i]`` for every ``i`` in ``group``."""
         try:
-            failed_check, policy, broker_fp = self._phase_b1(req, checks or self.checks)
+            conn = self._conn()
+            self._begin_write(conn)
+            cur = conn.cursor()
         except Exception as exc:
+            log.exception("broker_accept_begin_failed sends=%d", len(group))
+            for index in group:
+                results[index] = self._fault(calls[index][0], None, exc)
+            return
+        committing: list[tuple[int, dict[str, str]]] = []
+        try:
+            for index in group:
+                req, broker_message_id, history_id = calls[index]
+                result, known = self._accept_one(cur, req, broker_message_id, history_id, checks)
+                results[index] = result
+                if result.committed:
+                    committing.append((index, known))
+            if committing:
+                self._commit(conn)  # the one fsync of the group: no ack of it has been sent yet
+            else:
+                self._rollback(conn)
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                self._rollback(conn)
+            log.exception("broker_accept_group_failed sends=%d committing=%d", len(group), len(committing))
+            for index, known in committing:
+                results[index] = self._fault(calls[index][0], broker_accept.settle(**{**known, "commit": "failed"}),
+                                             exc)
+            for index in group:
+                if results[index] is None:
+                    results[index] = self._fault(calls[index][0], None, exc)
+
+    def _accept_one(
+        self, cur: Any, req: AcceptRequest, broker_message_id: str, history_id: str, checks: AcceptChecks,
+    ) -> tuple[AcceptResult, dict[str, str]]:
+        """One send inside the group's transaction, from its own savepoint: B1 (reads only), the drift check, then
+        claim, read-back, B2 and inserts. Anything that must not stay is rolled back to the savepoint; a 201 stays
+        for the group's COMMIT. Returns the outcome and the table inputs that decided it.
+
+        Raises:
+            Exception: the savepoint could not be set or rolled back to; the transaction is unusable.
+        """
+        known: dict[str, str] = {}
+        self._x(cur, "savepoint")
+        try:
+            failed_check, policy, broker_fp = self._phase_b1(cur, req, checks)
+        except Exception as exc:
+            self._x(cur, "rollback_to_savepoint")
             log.exception("broker_accept_b1_failed client_message_id=%s", req.client_message_id)
-            return self._fault(req, None, exc)
+            return self._fault(req, None, exc), known
         if failed_check is not None:
-            return self._rejected(broker_accept.settle(b1="rejected"), req, failed_check)
+            return self._rejected(broker_accept.settle(b1="rejected"), req, failed_check), known
         known = {"b1": "ok", "drift": "same" if broker_fp == req.request_fingerprint else "differs"}
         settled = broker_accept.settle(**known)
         if settled is not None:  # BRK-DRIFT: nothing written
-            return self._answer(settled, req, {"broker_fingerprint_prefix": fingerprint_prefix(broker_fp)})
-        return self._accept_in_transaction(req, broker_message_id, history_id, policy, broker_fp, known)
-
-    def _phase_b1(self, req: AcceptRequest, checks: AcceptChecks) -> tuple[str | None, Any, bytes]:
-        """The first failed B1 check's name (or None), the mesh's dedupe policy, the broker's fingerprint."""
-        with self._transaction(write=False) as cur:
-            policy = self._x(cur, "mesh_policy", mesh_id=req.mesh_id).fetchone()
-            if policy is None:
-                return "mesh_exists", None, b""
-            policy = dict(policy)
-            member = self._x(cur, "member_exists", mesh_id=req.mesh_id, pubkey=req.sender_pubkey).fetchone()
-        if member is None:
-            return "membership", policy, b""
-        if req.destination_kind not in DESTINATION_KINDS:
-            return "destination_kind_valid", policy, b""
-        if len(req.body.encode("utf-8", "surrogatepass")) > checks.max_payload_bytes:
-            return "payload_size", policy, b""
-        try:
-            broker_fp = request_fingerprint(FingerprintInput(
-                destination_kind=req.destination_kind, destination_ref=req.destination_ref,
-                reply_to_id=req.reply_to_id, priority=req.priority, meta=req.meta, body=req.body,
-            ))
-        except MetaError:
-            return "schema", policy, b""
-        if not checks.rate_limit(req):
-            return "rate_limit", policy, broker_fp
-        return None, policy, broker_fp
-
-    def _accept_in_transaction(
-        self, req: AcceptRequest, broker_message_id: str, history_id: str, policy: Mapping[str, Any],
-        broker_fp: bytes, known: dict[str, str],
-    ) -> AcceptResult:
-        conn = self._conn()
+            return self._answer(settled, req, {"broker_fingerprint_prefix": fingerprint_prefix(broker_fp)}), known
         values: dict[str, Any] = {}
-        failed_check: str | None = None
+        failed_check = None
         counts: dict[str, int] = {}
         recipients: list[str] = []
         try:
-            self._begin_write(conn)
-            cur = conn.cursor()
             self._x(cur, "claim_dedupe", mesh_id=req.mesh_id, client_message_id=req.client_message_id,
                     broker_message_id=broker_message_id, request_fingerprint=broker_fp,
                     destination_kind=req.destination_kind, destination_ref=req.destination_ref,
@@ -331,24 +371,41 @@ class SqlBrokerStore(BrokerStore):
                 known["commit"] = "ok"
                 settled = broker_accept.settle(**known)
             assert settled is not None, known
-            self._end(conn, settled.transaction)
+            if settled.transaction == "rollback":
+                self._x(cur, "rollback_to_savepoint")
+            elif settled.transaction != "commit":
+                raise StoreError(f"a transaction was open for an outcome with transaction={settled.transaction!r}")
         except Exception as exc:
-            with contextlib.suppress(Exception):
-                self._rollback(conn)
+            self._x(cur, "rollback_to_savepoint")
             log.exception("broker_accept_failed client_message_id=%s", req.client_message_id)
             decided = broker_accept.settle(**{**known, "commit": "failed"}) if known.get("b2") == "ok" else None
-            return self._fault(req, decided, exc)
+            return self._fault(req, decided, exc), known
         if failed_check is not None:
-            return self._rejected(settled, req, failed_check)
-        return self._answer(settled, req, values, counts, tuple(recipients))
+            return self._rejected(settled, req, failed_check), known
+        return self._answer(settled, req, values, counts, tuple(recipients)), known
 
-    def _end(self, conn: Any, transaction: str) -> None:
-        if transaction == "commit":
-            self._commit(conn)
-        elif transaction == "rollback":
-            self._rollback(conn)
-        else:
-            raise StoreError(f"a transaction was open for an outcome with transaction={transaction!r}")
+    def _phase_b1(self, cur: Any, req: AcceptRequest, checks: AcceptChecks) -> tuple[str | None, Any, bytes]:
+        """The first failed B1 check's name (or None), the mesh's dedupe policy, the broker's fingerprint."""
+        row = self._x(cur, "sender_policy", mesh_id=req.mesh_id, pubkey=req.sender_pubkey).fetchone()
+        if row is None:
+            return "mesh_exists", None, b""
+        policy = {"dedupe_mode": row["dedupe_mode"], "retention_days": row["retention_days"]}
+        if not row["is_member"]:
+            return "membership", policy, b""
+        if req.destination_kind not in DESTINATION_KINDS:
+            return "destination_kind_valid", policy, b""
+        if len(req.body.encode("utf-8", "surrogatepass")) > checks.max_payload_bytes:
+            return "payload_size", policy, b""
+        try:
+            broker_fp = request_fingerprint(FingerprintInput(
+                destination_kind=req.destination_kind, destination_ref=req.destination_ref,
+                reply_to_id=req.reply_to_id, priority=req.priority, meta=req.meta, body=req.body,
+            ))
+        except MetaError:
+            return "schema", policy, b""
+        if not checks.rate_limit(req):
+            return "rate_limit", policy, broker_fp
+        return None, policy, broker_fp
 
     @staticmethod
     def _expires_at(req: AcceptRequest, policy: Mapping[str, Any]) -> int | None:

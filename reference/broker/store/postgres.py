@@ -43,6 +43,13 @@ _DEDUPE_MAY_HAVE_EXPIRED = (
 SQL: dict[str, str] = {
     # B1 and B2 reads
     "mesh_policy": "SELECT dedupe_mode, retention_days FROM mesh.mesh WHERE id = %(mesh_id)s",
+    "sender_policy": (  # B1's two reads in one: the mesh's dedupe policy (no row: no mesh) and membership
+        "SELECT m.dedupe_mode, m.retention_days, EXISTS (SELECT 1 FROM mesh.member s WHERE s.mesh_id = m.id "
+        "AND s.pubkey = %(pubkey)s) AS is_member FROM mesh.mesh m WHERE m.id = %(mesh_id)s"
+    ),
+    # one send's savepoint inside a group transaction (SqlBrokerStore.accept_batch)
+    "savepoint": "SAVEPOINT accept_one",
+    "rollback_to_savepoint": "ROLLBACK TO SAVEPOINT accept_one",
     "member_exists": "SELECT 1 FROM mesh.member WHERE mesh_id = %(mesh_id)s AND pubkey = %(pubkey)s",
     "topic_exists": "SELECT 1 FROM mesh.topic WHERE mesh_id = %(mesh_id)s AND name = %(topic)s",
     "queue_exists": "SELECT 1 FROM mesh.queue WHERE mesh_id = %(mesh_id)s AND id = %(queue_id)s",
