@@ -39,18 +39,19 @@ SQL: dict[str, str] = {
         "SELECT m.dedupe_mode, m.retention_days, EXISTS (SELECT 1 FROM member s WHERE s.mesh_id = m.id "
         "AND s.pubkey = :pubkey) AS is_member FROM mesh m WHERE m.id = :mesh_id"
     ),
-    # one send's savepoint inside a group transaction (SqlBrokerStore.accept_batch)
-    "savepoint": "SAVEPOINT accept_one",
-    "rollback_to_savepoint": "ROLLBACK TO SAVEPOINT accept_one",
+    # one send's savepoint inside a group transaction (SqlBrokerStore.accept_batch), named by its position
+    "savepoint": "SAVEPOINT accept_{position}",
+    "rollback_to_savepoint": "ROLLBACK TO SAVEPOINT accept_{position}",
     "member_exists": "SELECT 1 FROM member WHERE mesh_id = :mesh_id AND pubkey = :pubkey",
-    "topic_exists": "SELECT 1 FROM topic WHERE mesh_id = :mesh_id AND name = :topic",
-    "queue_exists": "SELECT 1 FROM queue WHERE mesh_id = :mesh_id AND id = :queue_id",
-    "topic_recipients": (
-        "SELECT pubkey FROM topic_subscription WHERE mesh_id = :mesh_id AND topic = :ref AND pubkey <> :sender "
-        "ORDER BY pubkey"
+    # B2 and the recipients in one read (§4.7.2 step 3): no row means no such destination; a NULL pubkey, no recipient
+    "destination_topic": (
+        "SELECT s.pubkey FROM topic t LEFT JOIN topic_subscription s ON s.mesh_id = t.mesh_id AND s.topic = t.name "
+        "AND s.pubkey <> :sender WHERE t.mesh_id = :mesh_id AND t.name = :ref ORDER BY s.pubkey"
     ),
-    "queue_recipients": (
-        "SELECT pubkey FROM queue_consumer WHERE mesh_id = :mesh_id AND queue_id = :ref ORDER BY pubkey"
+    "destination_dm": "SELECT pubkey FROM member WHERE mesh_id = :mesh_id AND pubkey = :ref",
+    "destination_queue": (
+        "SELECT c.pubkey FROM queue q LEFT JOIN queue_consumer c ON c.mesh_id = q.mesh_id AND c.queue_id = q.id "
+        "WHERE q.mesh_id = :mesh_id AND q.id = :ref ORDER BY c.pubkey"
     ),
     # §4.7.2 steps 1 and 2
     "claim_dedupe": (
