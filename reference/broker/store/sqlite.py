@@ -2,10 +2,12 @@
 
 Atomicity and serialisation: every write runs under ``BEGIN IMMEDIATE``, which takes the database's RESERVED lock
 before the first statement, so the accept's claim → read-back → B2 → inserts run with no other writer in between
-(SQLite has no row locks; the read-back needs none). Readers (B1, idle delivery polls, counts, the orphan check) use
-deferred ``BEGIN`` and, under WAL, never wait for a writer. Each thread gets its own connection (``threading.local``;
-``busy_timeout`` makes a second writer wait rather than fail); a connection is only ever used by the thread that
-opened it, and ``close()`` closes them all. Times are INTEGER unix milliseconds; booleans are 0/1.
+(SQLite has no row locks; the read-back needs none). A group of accepts shares one such transaction, each send from
+its own savepoint (``_sql.py``); ``temp_store = MEMORY`` keeps the savepoints' statement journal off the disk.
+Readers (idle delivery polls, counts, the orphan check) use deferred ``BEGIN`` and, under WAL, never wait for a
+writer. Each thread gets its own connection (``threading.local``; ``busy_timeout`` makes a second writer wait rather
+than fail); a connection is only ever used by the thread that opened it, and ``close()`` closes them all. Times are
+INTEGER unix milliseconds; booleans are 0/1.
 """
 
 from __future__ import annotations
@@ -232,6 +234,9 @@ class SqliteStore(SqlBrokerStore):
         if mode.lower() != "wal":
             raise sqlite3.OperationalError(f"{self.path}: journal_mode is {mode}, not wal")
         conn.execute("PRAGMA synchronous = FULL")
+        # The statement journal that lets a group transaction roll back to one send's savepoint lives in memory, not
+        # in a temporary file: it only ever serves a rollback inside an open transaction, never recovery.
+        conn.execute("PRAGMA temp_store = MEMORY")
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         conn.execute("PRAGMA foreign_keys = ON")
         return conn
