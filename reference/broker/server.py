@@ -476,6 +476,8 @@ class BrokerServer:
             log.warning("accept of %s: store fault before the decision (%s)", request.client_message_id,
                         result.body.get("detail"))
             return
+        if self.trace is None:  # tracing is off: build no event
+            return
         answered = result.body.get("broker_message_id") if result.http_status in (200, 201) else None
         self._emit("accept_decision", mesh=request.mesh_id, client_message_id=request.client_message_id,
                    request_fingerprint=request.request_fingerprint.hex(), table_row=result.table_row,

@@ -324,11 +324,15 @@ class SqlBrokerStore(BrokerStore):
 
     def _sender_policies(self, conn: Any, requests: list[AcceptRequest]) -> list[Any]:
         """B1's reads for every send of a group, before any of them writes: each sender's mesh policy and membership
-        (``None`` when the mesh does not exist). One round trip on an engine that pipelines."""
-        cursors = []
+        (``None`` when the mesh does not exist), read once per (mesh, sender) of the group. One round trip on an
+        engine that pipelines."""
+        cursors: dict[tuple[str, str], Any] = {}
         for req in requests:
-            cursors.append(self._x(conn.cursor(), "sender_policy", mesh_id=req.mesh_id, pubkey=req.sender_pubkey))
-        return [cur.fetchone() for cur in cursors]
+            key = (req.mesh_id, req.sender_pubkey)
+            if key not in cursors:
+                cursors[key] = self._x(conn.cursor(), "sender_policy", mesh_id=req.mesh_id, pubkey=req.sender_pubkey)
+        rows = {key: cur.fetchone() for key, cur in cursors.items()}
+        return [rows[(req.mesh_id, req.sender_pubkey)] for req in requests]
 
     def _accept_one(
         self, conn: Any, pipe: Any, position: int, req: AcceptRequest, broker_message_id: str, history_id: str,
