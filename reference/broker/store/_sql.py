@@ -1,20 +1,30 @@
 """The engine-neutral half of the SQL stores: the §4.7.2 accept algorithm and the maintenance jobs, run over DB-API.
 
 Theory of operation. An engine subclass supplies (1) ``SQL``, its named statements (kept in the engine's module, next
-to the code that runs them), (2) how to open a connection and begin a read or a write transaction, and (3) how to run
-a migration script under its lock. This class supplies the algorithm once, so both engines decide identically:
+to the code that runs them), (2) how to open a connection and begin a read or a write transaction, (3) how to run a
+migration script under its lock, and optionally (4) a pipeline (``_pipeline``) that sends statements without waiting
+for each answer. This class supplies the algorithm once, so both engines decide identically. ``accept`` is
+``accept_batch`` of one send; ``accept_batch`` is group commit:
 
-* B1 (a read transaction, no write lock): mesh exists, sender is a member, destination kind valid, body size, the
-  broker's fingerprint recomputation (a meta that cannot be canonicalised is a schema failure), the rate limit last.
-  The mesh is checked before membership so an unknown mesh answers 404 mesh_not_found rather than 403; the schema
-  check proper is the caller's (the server validates the frame before building an AcceptRequest).
-* Drift: the daemon's claimed fingerprint against the broker's (E-21) -- a 409 before any write.
-* One write transaction: claim the dedupe key (INSERT … ON CONFLICT DO NOTHING), read the row back (the engine locks
-  it), B2 destination check, message / history / delivery inserts, COMMIT.
-
-After each step the known inputs go to ``reference.core.broker_accept.settle``; the first ``Settled`` answer ends the
-transaction as its ``transaction`` field says (none / rollback / commit) and shapes the ack from its ``include``,
-``conflict`` and ``effects``. Any exception inside the transaction rolls it back and answers 500 internal_error.
+* The sends are split into groups in which every (mesh_id, client_message_id) appears once; a repeated key waits for
+  a later group, so a duplicate is only ever answered from a committed dedupe row (exactly as without grouping). Each
+  group runs in key order, so two concurrent groups on PostgreSQL take their dedupe rows' locks in the same order
+  and cannot deadlock each other.
+* One write transaction per group. First B1's reads for every send (mesh policy and membership, one read per
+  sender), before any send writes. Then per send: the rest of B1 in code -- mesh exists, sender is a member,
+  destination kind valid, body size, the broker's fingerprint recomputation (a meta that cannot be canonicalised is
+  a schema failure), the rate limit last (the mesh is checked before membership so an unknown mesh answers 404
+  mesh_not_found rather than 403; the schema check proper is the caller's); the drift check (E-21, a 409 before any
+  write); then, from the send's own savepoint (named by its position in the group, so rolling back to it can never
+  reach an earlier send): claim the dedupe key (INSERT … ON CONFLICT DO NOTHING), read the row back (the engine locks
+  it), B2 destination check, message / history / delivery inserts.
+* After each step the known inputs go to ``reference.core.broker_accept.settle``; the first ``Settled`` answer ends
+  the send as its ``transaction`` field says: ``rollback`` rolls back to the send's savepoint (the store is as if the
+  send never came), ``commit`` leaves its rows for the group's COMMIT. An exception inside a send rolls back to its
+  savepoint and answers 500 internal_error (BRK-COMMIT-FAIL once B2 passed).
+* One COMMIT for the group (nothing to commit: a ROLLBACK). Every answer is returned only after it, so no 201 is
+  acknowledged before its rows are durable; if it fails, every 201 of the group becomes a 500 BRK-COMMIT-FAIL and
+  nothing of the group remains. The other answers stand: they depended on no row of this transaction.
 """
 
 from __future__ import annotations
