@@ -12,14 +12,17 @@ client_message_id it is an ``error`` frame, E-28) and queued for the accept writ
 sends in flight, as a daemon draining its outbox does, bounded per connection. The B1 size limit is the advertised
 ``max_payload.inline_bytes``; the rate limit is a per-member token bucket the store consults last.
 
-Group commit. One accept-writer thread takes every queued send (up to ``GROUP_MAX``), from whichever connections,
+Group commit. An accept-writer thread takes every queued send (up to ``GROUP_MAX``), from whichever connections,
 and hands them to ``store.accept_batch``: one write transaction, each send from its own savepoint through the whole
 §4.7.2 sequence (B1 reads, claim, read-back, B2, inserts), whatever a send must not keep rolled back to its
 savepoint, then one COMMIT for the group, so one fsync makes many 201s durable. A key appears at most once per
 transaction (a repeat waits for the next one), so a duplicate is only ever answered from a committed dedupe row, as
 without grouping. Only when ``accept_batch`` has returned, the COMMIT done, does the writer write the trace events
 and send the acks (``AcceptResult.ack_frame``); a failed COMMIT turns the group's 201s into 500s (BRK-COMMIT-FAIL).
-Sends queue while a group commits, so the groups grow with the load and a lone send is committed at once.
+Sends queue while a group commits, so the groups grow with the load and a lone send is committed at once. SQLite
+has one writer at a time anyway, so it gets one accept writer; PostgreSQL gets two, so one group runs while the
+other waits for its COMMIT. Sends in flight together have no order among them (as before grouping): a group runs in
+key order, whatever order its sends arrived in.
 
 After a commit the recipients are due for the dispatcher (_delivery.py), which leases committed delivery rows and
 pushes them; ``client_ack`` marks a row acked. Presence is in memory (_presence.py). A retention thread prunes old
@@ -76,6 +79,9 @@ MAX_DETAIL = 200
 #: the most sends one group transaction takes (PostgreSQL keeps 64 subtransaction ids per transaction in shared
 #: memory; more make every other session's visibility checks slower)
 GROUP_MAX = 64
+#: accept writers per store engine: SQLite has one writer at a time anyway; on PostgreSQL a second one runs the next
+#: group while the first waits for its COMMIT (groups take their row locks in key order, so they cannot deadlock)
+ACCEPT_WRITERS = {"sqlite": 1, "postgres": 2}
 
 
 def error_frame(code: str, message: str, request_id: Any = None) -> dict[str, Any]:
@@ -171,7 +177,7 @@ class BrokerServer:
         self._sends: collections.deque[tuple[Session, AcceptRequest]] = collections.deque()
         self._sends_ready = threading.Condition()
         self._sends_closed = False
-        self._accept_writer: threading.Thread | None = None
+        self._accept_writers: list[threading.Thread] = []
         self._dev_members: set[tuple[str, str]] = set()
         self._dev_topics: set[tuple[str, str]] = set()
 
@@ -185,8 +191,11 @@ class BrokerServer:
             logger=logging.getLogger("meshbroker.websockets"),
         )
         self.dispatcher.start()
-        self._accept_writer = threading.Thread(target=self._accept_loop, name="meshbroker-accept-writer", daemon=True)
-        self._accept_writer.start()
+        writers = ACCEPT_WRITERS.get(getattr(self.store, "engine", ""), 1)
+        for number in range(writers):
+            writer = threading.Thread(target=self._accept_loop, name=f"meshbroker-accept-writer-{number}", daemon=True)
+            writer.start()
+            self._accept_writers.append(writer)
         if self.config.sweep_interval_s > 0:
             self._sweeper = threading.Thread(target=self._sweep_loop, name="meshbroker-retention", daemon=True)
             self._sweeper.start()
@@ -217,8 +226,8 @@ class BrokerServer:
         with self._sends_ready:  # the writer commits what is queued, then ends
             self._sends_closed = True
             self._sends_ready.notify_all()
-        if self._accept_writer is not None:
-            self._accept_writer.join()
+        for writer in self._accept_writers:
+            writer.join()
         self.dispatcher.stop()
         self.pool.shutdown(wait=True, cancel_futures=False)
         if self.trace is not None:
