@@ -10,7 +10,8 @@ For each store this measures, in one run:
   member: hello, negotiation, then ``send`` frames with up to ``--window`` in flight, like a daemon draining its
   outbox) sending distinct messages to a topic whose one subscriber is offline, so every accept commits the four
   §4.7.1 effects (dedupe, message, history, one delivery row) in one transaction before its 201 ack. Only 201 acks
-  count.
+  count; after the broker stops, the store must hold exactly one message and one dedupe row per 201 ack and pass
+  the orphan check, or the run fails.
 
 The two alternate in ``--rounds`` slices on the same database server and disk (the cost of an fsync drifts on a
 shared machine; two measurements far apart would compare the drift). It prints accepts per second, the raw rate and
@@ -271,16 +272,24 @@ def measure(store_url: str, raw: Any, workdir: Path, seconds: float, connections
         for sender in senders:
             for status, count in sender.other.items():
                 other[status] = other.get(status, 0) + count
-        return {"accepts_per_s": created / accept_time, "accepted": created,
-                "raw_commits_per_s": raw_commits / raw_time, "raw_commits": raw_commits, "other_statuses": other,
-                "broker_cpu_ms_per_accept": None if broker_cpu is None or not acked_201
-                else 1000 * broker_cpu / acked_201}
+        result = {"accepts_per_s": created / accept_time, "accepted": created,
+                  "raw_commits_per_s": raw_commits / raw_time, "raw_commits": raw_commits, "other_statuses": other,
+                  "broker_cpu_ms_per_accept": None if broker_cpu is None or not acked_201
+                  else 1000 * broker_cpu / acked_201}
     finally:
         gate.finished = True
         gate.open.clear()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(broker.pid, 15)
         broker.wait(timeout=30)
+    store = open_store(store_url)  # every 201 the senders saw is a committed message, and nothing else is
+    try:
+        counts, orphans = store.counts(), store.orphan_check()
+    finally:
+        store.close()
+    if counts["topic_message"] != acked_201 or counts["client_message_dedupe"] != acked_201 or orphans:
+        raise RuntimeError(f"{acked_201} sends were acked 201, but the store holds {counts} ({len(orphans)} orphans)")
+    return result
 
 
 # --- the run --------------------------------------------------------------------------------------------------------
