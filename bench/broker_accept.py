@@ -10,13 +10,16 @@ For each store this measures, in one run:
   member: hello, negotiation, then ``send`` frames with up to ``--window`` in flight, like a daemon draining its
   outbox) sending distinct messages to a topic whose one subscriber is offline, so every accept commits the four
   §4.7.1 effects (dedupe, message, history, one delivery row) in one transaction before its 201 ack. Only 201 acks
-  count.
+  count; after the broker stops, the store must hold exactly one message and one dedupe row per 201 ack and pass
+  the orphan check, or the run fails.
 
 The two alternate in ``--rounds`` slices on the same database server and disk (the cost of an fsync drifts on a
 shared machine; two measurements far apart would compare the drift). It prints accepts per second, the raw rate and
-their ratio per store; the target is a ratio of at least 0.3 (``--check`` exits 1 below it). PostgreSQL runs on a
-private throwaway cluster (reference.broker.pgcluster) and is skipped with a note when the server binaries are
-missing.
+their ratio per store; the target is a ratio of at least 0.3 (``--check`` exits 1 below it). It also prints the
+broker process's CPU time per 201 accept over the accept slices (from /proc, Linux only): unlike the rates, that
+figure hardly moves with what else the machine runs, so it is the one to compare between versions of the broker.
+PostgreSQL runs on a private throwaway cluster (reference.broker.pgcluster) and is skipped with a note when the
+server binaries are missing.
 """
 
 from __future__ import annotations
@@ -105,6 +108,15 @@ class RawPostgres:
         self.conn.close()
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of process ``pid`` and all its threads so far, or None where /proc is missing."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14 and 15
+
+
 # --- broker accept rate ---------------------------------------------------------------------------------------------
 
 def _pubkey(key: Ed25519PrivateKey) -> str:
@@ -138,6 +150,7 @@ class Sender(threading.Thread):
         self.ready = threading.Event()
         self.inflight = 0
         self.created = 0
+        self.acked_201 = 0
         self.other: dict[int, int] = {}
         self.error: str | None = None
 
@@ -170,7 +183,9 @@ class Sender(threading.Thread):
                     self.inflight -= 1
                     if ack["status"] != 201:
                         self.other[ack["status"]] = self.other.get(ack["status"], 0) + 1
-                    elif time.perf_counter() <= self.gate.closes_at:
+                        continue
+                    self.acked_201 += 1
+                    if time.perf_counter() <= self.gate.closes_at:
                         self.created += 1
         except Exception as exc:  # reported by the caller
             self.error = repr(exc)
@@ -226,10 +241,12 @@ def measure(store_url: str, raw: Any, workdir: Path, seconds: float, connections
         piece = seconds / rounds
         raw_commits = 0
         raw_time = accept_time = 0.0
+        broker_cpu: float | None = 0.0
         for _ in range(rounds):
             began = time.perf_counter()
             raw_commits += raw.run(piece)
             raw_time += time.perf_counter() - began
+            cpu_before = cpu_seconds(broker.pid)
             began = time.perf_counter()
             gate.closes_at = began + piece
             gate.open.set()
@@ -238,6 +255,11 @@ def measure(store_url: str, raw: Any, workdir: Path, seconds: float, connections
             accept_time += gate.closes_at - began
             while any(sender.inflight for sender in senders if sender.is_alive()):
                 time.sleep(0.005)  # the next raw slice starts on an idle broker
+            cpu_after = cpu_seconds(broker.pid)
+            if broker_cpu is not None and cpu_before is not None and cpu_after is not None:
+                broker_cpu += cpu_after - cpu_before
+            else:
+                broker_cpu = None
         gate.finished = True
         for sender in senders:
             sender.join(timeout=60)
@@ -245,18 +267,29 @@ def measure(store_url: str, raw: Any, workdir: Path, seconds: float, connections
         if errors:
             raise RuntimeError(f"senders failed: {errors[:3]}")
         created = sum(s.created for s in senders)
+        acked_201 = sum(s.acked_201 for s in senders)  # the CPU covers the drain too, so count the drained 201s
         other: dict[int, int] = {}
         for sender in senders:
             for status, count in sender.other.items():
                 other[status] = other.get(status, 0) + count
-        return {"accepts_per_s": created / accept_time, "accepted": created,
-                "raw_commits_per_s": raw_commits / raw_time, "raw_commits": raw_commits, "other_statuses": other}
+        result = {"accepts_per_s": created / accept_time, "accepted": created,
+                  "raw_commits_per_s": raw_commits / raw_time, "raw_commits": raw_commits, "other_statuses": other,
+                  "broker_cpu_ms_per_accept": None if broker_cpu is None or not acked_201
+                  else 1000 * broker_cpu / acked_201}
     finally:
         gate.finished = True
         gate.open.clear()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(broker.pid, 15)
         broker.wait(timeout=30)
+    store = open_store(store_url)  # every 201 the senders saw is a committed message, and nothing else is
+    try:
+        counts, orphans = store.counts(), store.orphan_check()
+    finally:
+        store.close()
+    if counts["topic_message"] != acked_201 or counts["client_message_dedupe"] != acked_201 or orphans:
+        raise RuntimeError(f"{acked_201} sends were acked 201, but the store holds {counts} ({len(orphans)} orphans)")
+    return result
 
 
 # --- the run --------------------------------------------------------------------------------------------------------
@@ -313,11 +346,14 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"broker accept vs raw insert+commit ({args.connections} connections, window {args.window}, "
               f"{args.seconds:g} s each; every accept durable before its ack)")
-        print(f"{'store':<10}{'accepts/s':>12}{'raw commits/s':>16}{'ratio':>8}  target >= {TARGET_RATIO}")
+        print(f"{'store':<10}{'accepts/s':>12}{'raw commits/s':>16}{'ratio':>8}{'cpu ms/accept':>15}"
+              f"  target >= {TARGET_RATIO}")
         for r in results:
             verdict = "ok" if r["ratio"] >= TARGET_RATIO else "BELOW TARGET"
+            cpu = r["broker_cpu_ms_per_accept"]
+            others = f"  other acks: {json.dumps(r['other_statuses'])}" if r["other_statuses"] else ""
             print(f"{r['store']:<10}{r['accepts_per_s']:>12.0f}{r['raw_commits_per_s']:>16.0f}{r['ratio']:>8.2f}"
-                  f"  {verdict}{'  other acks: ' + json.dumps(r['other_statuses']) if r['other_statuses'] else ''}")
+                  f"{'n/a' if cpu is None else f'{cpu:.3f}':>15}  {verdict}{others}")
     if args.check and any(r["ratio"] < TARGET_RATIO for r in results):
         return 1
     return 0

@@ -5,13 +5,24 @@ side: ``hello`` (ed25519 signature over ``meshId|memberId|pubkey|timestamp``, cl
 policy), then ``feature_negotiation_request`` (E-08), then the frame loop. Any other first or second frame, or an
 unparsable one, closes with 4005; the codes and their names come from spec/tables/close_codes.yaml.
 
-No connection thread touches the database. Every store call runs on one bounded pool, so the number of database
+No connection thread touches the database. Store calls run on one bounded pool, so the number of database
 connections stays bounded however many WebSockets come and go (the stores keep one connection per thread). A
 ``send`` is checked against its schema on the connection thread (a failure is B1 ``invalid_frame``; without a usable
-client_message_id it is an ``error`` frame, E-28) and handed to the pool, whose thread runs the store's §4.7.2
-transaction, writes the trace events and sends the ``ack`` (``AcceptResult.ack_frame``): a connection may have
-several sends in flight, as a daemon draining its outbox does, bounded per connection. The B1 size limit is the
-advertised ``max_payload.inline_bytes``; the rate limit is a per-member token bucket the store consults last.
+client_message_id it is an ``error`` frame, E-28) and queued for the accept writer; a connection may have several
+sends in flight, as a daemon draining its outbox does, bounded per connection. The B1 size limit is the advertised
+``max_payload.inline_bytes``; the rate limit is a per-member token bucket the store consults last.
+
+Group commit. An accept-writer thread takes every queued send (up to ``GROUP_MAX``), from whichever connections,
+and hands them to ``store.accept_batch``: one write transaction, each send from its own savepoint through the whole
+§4.7.2 sequence (B1 reads, claim, read-back, B2, inserts), whatever a send must not keep rolled back to its
+savepoint, then one COMMIT for the group, so one fsync makes many 201s durable. A key appears at most once per
+transaction (a repeat waits for the next one), so a duplicate is only ever answered from a committed dedupe row, as
+without grouping. Only when ``accept_batch`` has returned, the COMMIT done, does the writer write the trace events
+and send the acks (``AcceptResult.ack_frame``); a failed COMMIT turns the group's 201s into 500s (BRK-COMMIT-FAIL).
+Sends queue while a group commits, so the groups grow with the load and a lone send is committed at once. SQLite
+has one writer at a time anyway, so it gets one accept writer; PostgreSQL gets two, so one group runs while the
+other waits for its COMMIT. Sends in flight together have no order among them (as before grouping): a group runs in
+key order, whatever order its sends arrived in.
 
 After a commit the recipients are due for the dispatcher (_delivery.py), which leases committed delivery rows and
 pushes them; ``client_ack`` marks a row acked. Presence is in memory (_presence.py). A retention thread prunes old
@@ -21,6 +32,7 @@ for ``meshd broker retention-sweep``.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import json
@@ -64,6 +76,12 @@ _DEFS = schema("common/defs")["$defs"]
 CLIENT_MESSAGE_ID = re.compile(_DEFS["client_message_id"]["pattern"])
 FINGERPRINT_HEX = re.compile(_DEFS["fingerprint_hex"]["pattern"])
 MAX_DETAIL = 200
+#: the most sends one group transaction takes (PostgreSQL keeps 64 subtransaction ids per transaction in shared
+#: memory; more make every other session's visibility checks slower)
+GROUP_MAX = 64
+#: accept writers per store engine: SQLite has one writer at a time anyway; on PostgreSQL a second one runs the next
+#: group while the first waits for its COMMIT (groups take their row locks in key order, so they cannot deadlock)
+ACCEPT_WRITERS = {"sqlite": 1, "postgres": 2}
 
 
 def error_frame(code: str, message: str, request_id: Any = None) -> dict[str, Any]:
@@ -155,6 +173,11 @@ class BrokerServer:
         #: SQLite admits one writer at a time and its busy handler waits by sleeping (1, 2, 5, 10 … ms), so this
         #: process's writers queue on a lock instead; PostgreSQL serialises on rows and needs none.
         self._writer: Any = threading.Lock() if getattr(store, "engine", "") == "sqlite" else contextlib.nullcontext()
+        #: sends waiting for the accept writer: (session, request)
+        self._sends: collections.deque[tuple[Session, AcceptRequest]] = collections.deque()
+        self._sends_ready = threading.Condition()
+        self._sends_closed = False
+        self._accept_writers: list[threading.Thread] = []
         self._dev_members: set[tuple[str, str]] = set()
         self._dev_topics: set[tuple[str, str]] = set()
 
@@ -168,6 +191,11 @@ class BrokerServer:
             logger=logging.getLogger("meshbroker.websockets"),
         )
         self.dispatcher.start()
+        writers = ACCEPT_WRITERS.get(getattr(self.store, "engine", ""), 1)
+        for number in range(writers):
+            writer = threading.Thread(target=self._accept_loop, name=f"meshbroker-accept-writer-{number}", daemon=True)
+            writer.start()
+            self._accept_writers.append(writer)
         if self.config.sweep_interval_s > 0:
             self._sweeper = threading.Thread(target=self._sweep_loop, name="meshbroker-retention", daemon=True)
             self._sweeper.start()
@@ -195,6 +223,11 @@ class BrokerServer:
                 self._server.shutdown(code=1001, reason="broker stopping")
             else:  # never served: shutdown() would wait for serve_forever() to notice
                 self._server.socket.close()
+        with self._sends_ready:  # the writer commits what is queued, then ends
+            self._sends_closed = True
+            self._sends_ready.notify_all()
+        for writer in self._accept_writers:
+            writer.join()
         self.dispatcher.stop()
         self.pool.shutdown(wait=True, cancel_futures=False)
         if self.trace is not None:
@@ -377,11 +410,12 @@ class BrokerServer:
         )
         assert session.inflight is not None
         session.inflight.acquire()
-        try:
-            self.pool.submit(self._accept, session, request)
-        except RuntimeError:  # the pool is shut down: the broker is stopping
-            session.inflight.release()
-            raise ConnectionClosed(None, None) from None
+        with self._sends_ready:
+            if self._sends_closed:  # the broker is stopping
+                session.inflight.release()
+                raise ConnectionClosed(None, None) from None
+            self._sends.append((session, request))
+            self._sends_ready.notify()
 
     def _reject_frame(self, session: Session, frame: dict[str, Any], cmid: str, problem: str) -> None:
         """B1 schema failure with a usable client_message_id: a 4xx ack, nothing written (BRK-B1-REJECT)."""
@@ -395,28 +429,63 @@ class BrokerServer:
                    member=session.pubkey)
         session.send(result.ack_frame())
 
-    def _accept(self, session: Session, request: AcceptRequest) -> None:
-        """On the pool: dev-mode topic, the store's transaction, traces, the ack, then wake the dispatcher."""
+    def _accept_loop(self) -> None:
+        """The accept writer: commit the queued sends group by group until the broker stops and the queue is empty."""
+        while True:
+            with self._sends_ready:
+                while not self._sends and not self._sends_closed:
+                    self._sends_ready.wait()
+                if not self._sends:
+                    return
+                group = [self._sends.popleft() for _ in range(min(GROUP_MAX, len(self._sends)))]
+            try:
+                self._accept_group(group)
+            except Exception:
+                log.exception("a group of %d sends failed outside the store", len(group))
+
+    def _accept_group(self, group: list[tuple[Session, AcceptRequest]]) -> None:
+        """Dev-mode topics, the store's group transaction, then (after its COMMIT) traces, acks and the dispatcher."""
+        calls: list[tuple[AcceptRequest, str, str]] = []
+        sessions: list[Session] = []
         try:
-            if self.config.dev and request.destination_kind == "topic":
-                self._dev_topic(request.mesh_id, request.destination_ref)
+            for session, request in group:
+                try:
+                    if self.config.dev and request.destination_kind == "topic":
+                        self._dev_topic(request.mesh_id, request.destination_ref)
+                except Exception:
+                    log.exception("accept of %s failed outside the store", request.client_message_id)
+                    assert session.inflight is not None
+                    session.inflight.release()
+                    continue
+                calls.append((request, self.new_id(), self.new_id()))
+                sessions.append(session)
             with self._writer:
-                result = self.store.accept(request, self.new_id(), self.new_id(), self.checks)
-            self._trace_accept(session, request, result)
-            online = [pubkey for pubkey in result.recipients if self.presence.is_connected(pubkey)]
-            if online:
-                self.dispatcher.due(online)
-            session.send(result.ack_frame())
-        except Exception:
-            log.exception("accept of %s failed outside the store", request.client_message_id)
-        finally:
-            assert session.inflight is not None
-            session.inflight.release()
+                results = self.store.accept_batch(calls, self.checks)
+        except BaseException:
+            for session in sessions:
+                assert session.inflight is not None
+                session.inflight.release()
+            raise
+        online: set[str] = set()
+        for session, (request, _, _), result in zip(sessions, calls, results, strict=True):
+            try:
+                self._trace_accept(session, request, result)
+                online.update(pubkey for pubkey in result.recipients if self.presence.is_connected(pubkey))
+                session.send(result.ack_frame())
+            except Exception:
+                log.exception("accept of %s failed outside the store", request.client_message_id)
+            finally:
+                assert session.inflight is not None
+                session.inflight.release()
+        if online:
+            self.dispatcher.due(online)
 
     def _trace_accept(self, session: Session, request: AcceptRequest, result: AcceptResult) -> None:
         if result.table_row is None:  # a store fault before the decision started: no table row decided it
             log.warning("accept of %s: store fault before the decision (%s)", request.client_message_id,
                         result.body.get("detail"))
+            return
+        if self.trace is None:  # tracing is off: build no event
             return
         answered = result.body.get("broker_message_id") if result.http_status in (200, 201) else None
         self._emit("accept_decision", mesh=request.mesh_id, client_message_id=request.client_message_id,

@@ -37,9 +37,27 @@ class Settled:
         return self.transaction == "commit"
 
 
+#: settle() answers for the spec's table, keyed by the known inputs as passed (a finite set: the inputs' domains)
+_SETTLED: dict[tuple[tuple[str, str], ...], Settled | None] = {}
+
+
 def settle(decisions: DecisionTable | None = None, **known: str) -> Settled | None:
-    """The outcome if ``known`` inputs already decide it, else ``None``."""
-    decisions = decisions or table()
+    """The outcome if ``known`` inputs already decide it, else ``None``.
+
+    With the spec's own table (``decisions`` None) the answer for a combination is memoised: the broker asks after
+    every step of every accept. Only answers are memoised; inputs outside the domains raise every time.
+    """
+    if decisions is not None:
+        return _settle(decisions, known)
+    key = tuple(known.items())
+    try:
+        return _SETTLED[key]
+    except KeyError:
+        answer = _SETTLED[key] = _settle(table(), known)
+        return answer
+
+
+def _settle(decisions: DecisionTable, known: dict[str, str]) -> Settled | None:
     row = decisions.settled(**known)
     if row is None:
         return None

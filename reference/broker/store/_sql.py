@@ -1,20 +1,30 @@
 """The engine-neutral half of the SQL stores: the §4.7.2 accept algorithm and the maintenance jobs, run over DB-API.
 
 Theory of operation. An engine subclass supplies (1) ``SQL``, its named statements (kept in the engine's module, next
-to the code that runs them), (2) how to open a connection and begin a read or a write transaction, and (3) how to run
-a migration script under its lock. This class supplies the algorithm once, so both engines decide identically:
+to the code that runs them), (2) how to open a connection and begin a read or a write transaction, (3) how to run a
+migration script under its lock, and optionally (4) a pipeline (``_pipeline``) that sends statements without waiting
+for each answer. This class supplies the algorithm once, so both engines decide identically. ``accept`` is
+``accept_batch`` of one send; ``accept_batch`` is group commit:
 
-* B1 (a read transaction, no write lock): mesh exists, sender is a member, destination kind valid, body size, the
-  broker's fingerprint recomputation (a meta that cannot be canonicalised is a schema failure), the rate limit last.
-  The mesh is checked before membership so an unknown mesh answers 404 mesh_not_found rather than 403; the schema
-  check proper is the caller's (the server validates the frame before building an AcceptRequest).
-* Drift: the daemon's claimed fingerprint against the broker's (E-21) -- a 409 before any write.
-* One write transaction: claim the dedupe key (INSERT … ON CONFLICT DO NOTHING), read the row back (the engine locks
-  it), B2 destination check, message / history / delivery inserts, COMMIT.
-
-After each step the known inputs go to ``reference.core.broker_accept.settle``; the first ``Settled`` answer ends the
-transaction as its ``transaction`` field says (none / rollback / commit) and shapes the ack from its ``include``,
-``conflict`` and ``effects``. Any exception inside the transaction rolls it back and answers 500 internal_error.
+* The sends are split into groups in which every (mesh_id, client_message_id) appears once; a repeated key waits for
+  a later group, so a duplicate is only ever answered from a committed dedupe row (exactly as without grouping). Each
+  group runs in key order, so two concurrent groups on PostgreSQL take their dedupe rows' locks in the same order
+  and cannot deadlock each other.
+* One write transaction per group. First B1's reads for every send (mesh policy and membership, one read per
+  sender), before any send writes. Then per send: the rest of B1 in code -- mesh exists, sender is a member,
+  destination kind valid, body size, the broker's fingerprint recomputation (a meta that cannot be canonicalised is
+  a schema failure), the rate limit last (the mesh is checked before membership so an unknown mesh answers 404
+  mesh_not_found rather than 403; the schema check proper is the caller's); the drift check (E-21, a 409 before any
+  write); then, from the send's own savepoint (named by its position in the group, so rolling back to it can never
+  reach an earlier send): claim the dedupe key (INSERT … ON CONFLICT DO NOTHING), read the row back (the engine locks
+  it), B2 destination check, message / history / delivery inserts.
+* After each step the known inputs go to ``reference.core.broker_accept.settle``; the first ``Settled`` answer ends
+  the send as its ``transaction`` field says: ``rollback`` rolls back to the send's savepoint (the store is as if the
+  send never came), ``commit`` leaves its rows for the group's COMMIT. An exception inside a send rolls back to its
+  savepoint and answers 500 internal_error (BRK-COMMIT-FAIL once B2 passed).
+* One COMMIT for the group (nothing to commit: a ROLLBACK). Every answer is returned only after it, so no 201 is
+  acknowledged before its rows are durable; if it fails, every 201 of the group becomes a 500 BRK-COMMIT-FAIL and
+  nothing of the group remains. The other answers stand: they depended on no row of this transaction.
 """
 
 from __future__ import annotations
@@ -25,7 +35,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from importlib import resources
 from typing import Any, ClassVar
 
@@ -59,19 +69,14 @@ IDEMPOTENCY_KEY_REUSED = "idempotency_key_reused"
 INTERNAL_ERROR = "internal_error"
 MAX_DETAIL = 300  # characters of an exception's text a 500 ack carries (the full error is logged)
 DESTINATION_KINDS = frozenset(schema("common/defs")["$defs"]["destination_kind"]["enum"])
-#: Which B2 check (spec/tables/broker_accept.yaml b2_checks) guards which destination kind, and the statement and
-#: parameter that run it against destination_ref.
+#: Which B2 check (spec/tables/broker_accept.yaml b2_checks) guards which destination kind, and the statement that
+#: runs it: no row means the destination does not exist; otherwise each row's ``pubkey`` is a recipient (NULL: none).
 B2_CHECK_BY_KIND = {"topic": "topic_exists", "dm": "recipient_is_member", "queue": "queue_exists"}
-B2_STATEMENTS = {
-    "topic_exists": ("topic_exists", "topic"),
-    "recipient_is_member": ("member_exists", "pubkey"),
-    "queue_exists": ("queue_exists", "queue_id"),
-}
+DESTINATION_BY_KIND = {"topic": "destination_topic", "dm": "destination_dm", "queue": "destination_queue"}
 #: Which message table holds which destination kind (§4.3: topic_message | message_queue).
 MESSAGE_INSERT_BY_KIND = {
     "topic": "insert_topic_message", "dm": "insert_queue_message", "queue": "insert_queue_message",
 }
-RECIPIENTS_BY_KIND = {"topic": "topic_recipients", "queue": "queue_recipients"}
 TABLES = (
     "mesh", "member", "topic", "topic_subscription", "queue", "queue_consumer", "client_message_dedupe",
     "topic_message", "message_queue", "message_history", "delivery_queue",
@@ -82,8 +87,9 @@ ORPHAN_RULES = (
 )
 #: Every statement an engine must define in ``SQL``.
 STATEMENTS = (
-    "mesh_policy", "member_exists", "claim_dedupe", "read_dedupe", "topic_exists", "queue_exists",
-    "topic_recipients", "queue_recipients", "insert_topic_message", "insert_queue_message", "insert_history",
+    "mesh_policy", "member_exists", "sender_policy", "savepoint", "rollback_to_savepoint", "claim_dedupe",
+    "read_dedupe", "destination_topic", "destination_dm", "destination_queue", "insert_topic_message",
+    "insert_queue_message", "insert_history",
     "insert_delivery", "add_mesh", "add_member", "create_topic", "subscribe", "create_queue", "add_queue_consumer",
     "due_delivery_exists", "lease_deliveries", "leased_deliveries", "ack_delivery", "prune_flip_history",
     "prune_deliveries", "prune_history", "prune_topic_messages", "prune_queue_messages", "expire_history",
@@ -136,6 +142,11 @@ class SqlBrokerStore(BrokerStore):
 
     def _rollback(self, conn: Any) -> None:
         conn.rollback()
+
+    def _pipeline(self, conn: Any) -> contextlib.AbstractContextManager[Any]:
+        """Where the engine can send statements without waiting for each answer: a context manager yielding an object
+        whose ``sync()`` waits for every answer so far (and raises the first error), or yielding None."""
+        return contextlib.nullcontext()
 
     def _lock_migrations(self, cur: Any) -> None:
         """Inside the migration transaction, before anything is read: serialise concurrent migrators."""
@@ -247,33 +258,189 @@ class SqlBrokerStore(BrokerStore):
             for pubkey in consumers:
                 self._x(cur, "add_queue_consumer", mesh_id=mesh_id, queue_id=queue_id, pubkey=pubkey)
 
-    # --- accept (§4.7.2) -----------------------------------------------------------------------------------------
+    # --- accept (§4.7.2): one send, or a group of sends under one COMMIT ---------------------------------------------
 
     def accept(
         self, req: AcceptRequest, broker_message_id: str, history_id: str, checks: AcceptChecks | None = None
     ) -> AcceptResult:
+        return self.accept_batch([(req, broker_message_id, history_id)], checks)[0]
+
+    def accept_batch(
+        self, calls: Sequence[tuple[AcceptRequest, str, str]], checks: AcceptChecks | None = None
+    ) -> list[AcceptResult]:
+        checks = checks or self.checks
+        results: list[AcceptResult | None] = [None] * len(calls)
+        pending = list(range(len(calls)))
+        while pending:  # a key appears at most once per transaction; a repeat waits for the next one
+            group: list[int] = []
+            later: list[int] = []
+            keys: set[tuple[str, str]] = set()
+            for index in pending:
+                key = (calls[index][0].mesh_id, calls[index][0].client_message_id)
+                (later if key in keys else group).append(index)
+                keys.add(key)
+            group.sort(key=lambda i: (calls[i][0].mesh_id, calls[i][0].client_message_id))
+            self._accept_group(calls, group, checks, results)
+            pending = later
+        assert all(result is not None for result in results)
+        return results  # type: ignore[return-value]
+
+    def _accept_group(
+        self, calls: Sequence[tuple[AcceptRequest, str, str]], group: list[int], checks: AcceptChecks,
+        results: list[AcceptResult | None],
+    ) -> None:
+        """One write transaction for ``group`` (distinct keys, in key order): the B1 reads of every send, then each
+        send from its own savepoint, then one COMMIT for all that decided to commit. Fills ``results[i]`` for every
+        ``i`` in ``group``."""
         try:
-            failed_check, policy, broker_fp = self._phase_b1(req, checks or self.checks)
+            conn = self._conn()
+            self._begin_write(conn)
         except Exception as exc:
-            log.exception("broker_accept_b1_failed client_message_id=%s", req.client_message_id)
-            return self._fault(req, None, exc)
+            log.exception("broker_accept_begin_failed sends=%d", len(group))
+            for index in group:
+                results[index] = self._fault(calls[index][0], None, exc)
+            return
+        committing: list[tuple[int, dict[str, str]]] = []
+        try:
+            with self._pipeline(conn) as pipe:
+                try:
+                    senders = self._sender_policies(conn, [calls[index][0] for index in group])
+                except Exception as exc:  # nothing was written: a store fault before any decision
+                    log.exception("broker_accept_b1_failed sends=%d", len(group))
+                    for index in group:
+                        results[index] = self._fault(calls[index][0], None, exc)
+                    raise
+                for position, (index, sender) in enumerate(zip(group, senders, strict=True)):
+                    req, broker_message_id, history_id = calls[index]
+                    result, known = self._accept_one(conn, pipe, position, req, broker_message_id, history_id,
+                                                     checks, sender)
+                    results[index] = result
+                    if result.committed:
+                        committing.append((index, known))
+            if committing:
+                self._commit(conn)  # the one fsync of the group: no ack of it has been sent yet
+            else:
+                self._rollback(conn)
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                self._rollback(conn)
+            log.exception("broker_accept_group_failed sends=%d committing=%d", len(group), len(committing))
+            for index, known in committing:
+                results[index] = self._fault(calls[index][0], broker_accept.settle(**{**known, "commit": "failed"}),
+                                             exc)
+            for index in group:
+                if results[index] is None:
+                    results[index] = self._fault(calls[index][0], None, exc)
+
+    def _sender_policies(self, conn: Any, requests: list[AcceptRequest]) -> list[Any]:
+        """B1's reads for every send of a group, before any of them writes: each sender's mesh policy and membership
+        (``None`` when the mesh does not exist), read once per (mesh, sender) of the group. One round trip on an
+        engine that pipelines."""
+        cursors: dict[tuple[str, str], Any] = {}
+        for req in requests:
+            key = (req.mesh_id, req.sender_pubkey)
+            if key not in cursors:
+                cursors[key] = self._x(conn.cursor(), "sender_policy", mesh_id=req.mesh_id, pubkey=req.sender_pubkey)
+        rows = {key: cur.fetchone() for key, cur in cursors.items()}
+        return [rows[(req.mesh_id, req.sender_pubkey)] for req in requests]
+
+    def _accept_one(
+        self, conn: Any, pipe: Any, position: int, req: AcceptRequest, broker_message_id: str, history_id: str,
+        checks: AcceptChecks, sender: Any,
+    ) -> tuple[AcceptResult, dict[str, str]]:
+        """One send inside the group's transaction: the rest of B1 and the drift check (no writes), then from its
+        own savepoint the claim, read-back, B2 and inserts. Anything that must not stay is rolled back to the
+        savepoint; a 201 stays for the group's COMMIT. Returns the outcome and the table inputs that decided it.
+        The savepoint is named after the send's ``position`` in the group, so rolling back to it can never undo an
+        earlier send's work, even if setting it failed.
+
+        The claim, the read-back and the destination read go out together, and so do the inserts (on an engine that
+        pipelines, two round trips per send); the decision still takes them in the table's order.
+
+        Raises:
+            Exception: the savepoint could not be rolled back to; the transaction is unusable.
+        """
+        known: dict[str, str] = {}
+        failed_check, policy, broker_fp = self._phase_b1(req, checks, sender)
         if failed_check is not None:
-            return self._rejected(broker_accept.settle(b1="rejected"), req, failed_check)
+            return self._rejected(broker_accept.settle(b1="rejected"), req, failed_check), known
         known = {"b1": "ok", "drift": "same" if broker_fp == req.request_fingerprint else "differs"}
         settled = broker_accept.settle(**known)
         if settled is not None:  # BRK-DRIFT: nothing written
-            return self._answer(settled, req, {"broker_fingerprint_prefix": fingerprint_prefix(broker_fp)})
-        return self._accept_in_transaction(req, broker_message_id, history_id, policy, broker_fp, known)
+            return self._answer(settled, req, {"broker_fingerprint_prefix": fingerprint_prefix(broker_fp)}), known
+        failed_check = None
+        counts: dict[str, int] = {}
+        recipients: list[str] = []
+        try:
+            cur = conn.cursor()
+            self._savepoint(cur, "savepoint", position)
+            self._x(cur, "claim_dedupe", mesh_id=req.mesh_id, client_message_id=req.client_message_id,
+                    broker_message_id=broker_message_id, request_fingerprint=broker_fp,
+                    destination_kind=req.destination_kind, destination_ref=req.destination_ref,
+                    first_seen_at=req.received_at_ms, expires_at=self._expires_at(req, policy))
+            read_back = self._x(conn.cursor(), "read_dedupe", mesh_id=req.mesh_id,
+                                client_message_id=req.client_message_id)
+            destination = self._x(conn.cursor(), DESTINATION_BY_KIND[req.destination_kind], mesh_id=req.mesh_id,
+                                  ref=req.destination_ref, sender=req.sender_pubkey)
+            row = read_back.fetchone()
+            if row is None:
+                raise StoreError("the dedupe row vanished between the claim and the read-back")
+            known["claim"] = "ours" if row["broker_message_id"] == broker_message_id else "theirs"
+            known["fingerprint"] = "match" if bytes(row["request_fingerprint"]) == broker_fp else "mismatch"
+            settled = broker_accept.settle(**known)
+            if settled is None:
+                found = destination.fetchall()
+                failed_check = None if found else B2_CHECK_BY_KIND[req.destination_kind]
+                known["b2"] = "ok" if failed_check is None else "rejected"
+                settled = broker_accept.settle(**known)
+            if settled is None:
+                recipients = [found_row["pubkey"] for found_row in found if found_row["pubkey"] is not None]
+                self._insert_effects(cur, req, broker_message_id, history_id, recipients)
+                if pipe is not None:
+                    pipe.sync()  # an insert's failure surfaces here, still this send's
+                counts = {"dedupe": 1, "message": 1, "history": 1, "delivery": len(recipients)}
+                self._hook("commit")
+                known["commit"] = "ok"
+                settled = broker_accept.settle(**known)
+            assert settled is not None, known
+            if settled.transaction == "rollback":
+                self._rollback_to_savepoint(cur, pipe, position)
+            elif settled.transaction != "commit":
+                raise StoreError(f"a transaction was open for an outcome with transaction={settled.transaction!r}")
+        except Exception as exc:
+            self._rollback_to_savepoint(conn.cursor(), pipe, position)
+            log.exception("broker_accept_failed client_message_id=%s", req.client_message_id)
+            decided = broker_accept.settle(**{**known, "commit": "failed"}) if known.get("b2") == "ok" else None
+            return self._fault(req, decided, exc), known
+        if failed_check is not None:
+            return self._rejected(settled, req, failed_check), known
+        values = {  # what an ack may include; the history row is only the original's
+            "broker_message_id": row["broker_message_id"],
+            "history_id": history_id if known["claim"] == "ours" else row["history_id"],
+            "history_available": bool(row["history_available"]),
+        }
+        if "first_seen_at" in settled.include:
+            values["first_seen_at"] = rfc3339_ms(int(row["first_seen_at_ms"]))
+        if settled.conflict is not None or "broker_fingerprint_prefix" in settled.include:
+            values["broker_fingerprint_prefix"] = fingerprint_prefix(broker_fp)  # this request's, as E-26 says
+        return self._answer(settled, req, values, counts, tuple(recipients)), known
 
-    def _phase_b1(self, req: AcceptRequest, checks: AcceptChecks) -> tuple[str | None, Any, bytes]:
-        """The first failed B1 check's name (or None), the mesh's dedupe policy, the broker's fingerprint."""
-        with self._transaction(write=False) as cur:
-            policy = self._x(cur, "mesh_policy", mesh_id=req.mesh_id).fetchone()
-            if policy is None:
-                return "mesh_exists", None, b""
-            policy = dict(policy)
-            member = self._x(cur, "member_exists", mesh_id=req.mesh_id, pubkey=req.sender_pubkey).fetchone()
-        if member is None:
+    def _savepoint(self, cur: Any, statement: str, position: int) -> None:
+        cur.execute(self.SQL[statement].format(position=int(position)))
+
+    def _rollback_to_savepoint(self, cur: Any, pipe: Any, position: int) -> None:
+        self._savepoint(cur, "rollback_to_savepoint", position)
+        if pipe is not None:
+            pipe.sync()
+
+    @staticmethod
+    def _phase_b1(req: AcceptRequest, checks: AcceptChecks, sender: Any) -> tuple[str | None, Any, bytes]:
+        """The first failed B1 check's name (or None), the mesh's dedupe policy, the broker's fingerprint;
+        ``sender`` is the ``sender_policy`` row."""
+        if sender is None:
+            return "mesh_exists", None, b""
+        policy = {"dedupe_mode": sender["dedupe_mode"], "retention_days": sender["retention_days"]}
+        if not sender["is_member"]:
             return "membership", policy, b""
         if req.destination_kind not in DESTINATION_KINDS:
             return "destination_kind_valid", policy, b""
@@ -290,66 +457,6 @@ class SqlBrokerStore(BrokerStore):
             return "rate_limit", policy, broker_fp
         return None, policy, broker_fp
 
-    def _accept_in_transaction(
-        self, req: AcceptRequest, broker_message_id: str, history_id: str, policy: Mapping[str, Any],
-        broker_fp: bytes, known: dict[str, str],
-    ) -> AcceptResult:
-        conn = self._conn()
-        values: dict[str, Any] = {}
-        failed_check: str | None = None
-        counts: dict[str, int] = {}
-        recipients: list[str] = []
-        try:
-            self._begin_write(conn)
-            cur = conn.cursor()
-            self._x(cur, "claim_dedupe", mesh_id=req.mesh_id, client_message_id=req.client_message_id,
-                    broker_message_id=broker_message_id, request_fingerprint=broker_fp,
-                    destination_kind=req.destination_kind, destination_ref=req.destination_ref,
-                    first_seen_at=req.received_at_ms, expires_at=self._expires_at(req, policy))
-            row = self._x(cur, "read_dedupe", mesh_id=req.mesh_id, client_message_id=req.client_message_id).fetchone()
-            if row is None:
-                raise StoreError("the dedupe row vanished between the claim and the read-back")
-            stored_fp = bytes(row["request_fingerprint"])
-            known["claim"] = "ours" if row["broker_message_id"] == broker_message_id else "theirs"
-            known["fingerprint"] = "match" if stored_fp == broker_fp else "mismatch"
-            values = {  # what an ack may include (the settled row picks); the history row is only the original's
-                "broker_message_id": row["broker_message_id"],
-                "history_id": history_id if known["claim"] == "ours" else row["history_id"],
-                "history_available": bool(row["history_available"]),
-                "first_seen_at": rfc3339_ms(int(row["first_seen_at_ms"])),
-                "broker_fingerprint_prefix": fingerprint_prefix(broker_fp),  # this request's, as E-26 for the daemon
-            }
-            settled = broker_accept.settle(**known)
-            if settled is None:
-                failed_check = self._phase_b2(cur, req)
-                known["b2"] = "ok" if failed_check is None else "rejected"
-                settled = broker_accept.settle(**known)
-            if settled is None:
-                recipients = self._insert_effects(cur, req, broker_message_id, history_id)
-                counts = {"dedupe": 1, "message": 1, "history": 1, "delivery": len(recipients)}
-                self._hook("commit")
-                known["commit"] = "ok"
-                settled = broker_accept.settle(**known)
-            assert settled is not None, known
-            self._end(conn, settled.transaction)
-        except Exception as exc:
-            with contextlib.suppress(Exception):
-                self._rollback(conn)
-            log.exception("broker_accept_failed client_message_id=%s", req.client_message_id)
-            decided = broker_accept.settle(**{**known, "commit": "failed"}) if known.get("b2") == "ok" else None
-            return self._fault(req, decided, exc)
-        if failed_check is not None:
-            return self._rejected(settled, req, failed_check)
-        return self._answer(settled, req, values, counts, tuple(recipients))
-
-    def _end(self, conn: Any, transaction: str) -> None:
-        if transaction == "commit":
-            self._commit(conn)
-        elif transaction == "rollback":
-            self._rollback(conn)
-        else:
-            raise StoreError(f"a transaction was open for an outcome with transaction={transaction!r}")
-
     @staticmethod
     def _expires_at(req: AcceptRequest, policy: Mapping[str, Any]) -> int | None:
         if policy["dedupe_mode"] == "permanent":
@@ -358,21 +465,10 @@ class SqlBrokerStore(BrokerStore):
             return req.dedupe_expires_at_ms
         return req.received_at_ms + int(policy["retention_days"]) * DAY_MS
 
-    def _phase_b2(self, cur: Any, req: AcceptRequest) -> str | None:
-        """The failed B2 check's name, or None: the destination exists (inside the transaction)."""
-        check = B2_CHECK_BY_KIND[req.destination_kind]
-        statement, parameter = B2_STATEMENTS[check]
-        found = self._x(cur, statement, mesh_id=req.mesh_id, **{parameter: req.destination_ref}).fetchone()
-        return None if found is not None else check
-
-    def _insert_effects(self, cur: Any, req: AcceptRequest, broker_message_id: str, history_id: str) -> list[str]:
-        """The §4.7.1 inserts after the dedupe claim; returns the recipients that got a delivery row."""
-        if req.destination_kind == "dm":
-            recipients = [req.destination_ref]
-        else:
-            rows = self._x(cur, RECIPIENTS_BY_KIND[req.destination_kind], mesh_id=req.mesh_id,
-                           ref=req.destination_ref, sender=req.sender_pubkey).fetchall()
-            recipients = [row["pubkey"] for row in rows]
+    def _insert_effects(
+        self, cur: Any, req: AcceptRequest, broker_message_id: str, history_id: str, recipients: list[str],
+    ) -> None:
+        """The §4.7.1 inserts after the dedupe claim: message, history, one delivery row per recipient."""
         meta = meta_canonical(req.meta).decode("utf-8") or None
         self._hook("message")
         self._x(cur, MESSAGE_INSERT_BY_KIND[req.destination_kind], id=broker_message_id, mesh_id=req.mesh_id,
@@ -387,7 +483,6 @@ class SqlBrokerStore(BrokerStore):
             self._hook("delivery")
             self._x(cur, "insert_delivery", broker_message_id=broker_message_id, mesh_id=req.mesh_id,
                     recipient_pubkey=recipient)
-        return recipients
 
     def _hook(self, stage: str) -> None:
         if self.fault_hook is not None:

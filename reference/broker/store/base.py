@@ -8,7 +8,7 @@ interface as unix milliseconds; ``first_seen_at`` leaves it as RFC 3339 inside a
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -175,6 +175,18 @@ class BrokerStore(abc.ABC):
         Returns:
             The outcome; never raises for a database fault (that is a 500 result with ``error: internal_error``).
         """
+
+    def accept_batch(
+        self, calls: Sequence[tuple[AcceptRequest, str, str]], checks: AcceptChecks | None = None
+    ) -> list[AcceptResult]:
+        """Decide several sends, ``(req, broker_message_id, history_id)`` each, as ``accept`` decides each one.
+
+        An engine may commit the first inserts of several sends in one transaction (group commit), each send keeping
+        its own atomicity: whatever one send does not commit leaves nothing behind, and every 201 in the answer is
+        durable when this returns. The answers come in the order of ``calls``; this default accepts one at a time.
+        """
+        return [self.accept(req, broker_message_id, history_id, checks)
+                for req, broker_message_id, history_id in calls]
 
     @abc.abstractmethod
     def pending_deliveries(self, recipient: str, now_ms: int, lease_ms: int, limit: int = 100) -> list[Delivery]:

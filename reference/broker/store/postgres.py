@@ -13,6 +13,7 @@ Times are TIMESTAMPTZ in the tables and unix milliseconds at the interface (``me
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import psycopg
@@ -43,15 +44,24 @@ _DEDUPE_MAY_HAVE_EXPIRED = (
 SQL: dict[str, str] = {
     # B1 and B2 reads
     "mesh_policy": "SELECT dedupe_mode, retention_days FROM mesh.mesh WHERE id = %(mesh_id)s",
-    "member_exists": "SELECT 1 FROM mesh.member WHERE mesh_id = %(mesh_id)s AND pubkey = %(pubkey)s",
-    "topic_exists": "SELECT 1 FROM mesh.topic WHERE mesh_id = %(mesh_id)s AND name = %(topic)s",
-    "queue_exists": "SELECT 1 FROM mesh.queue WHERE mesh_id = %(mesh_id)s AND id = %(queue_id)s",
-    "topic_recipients": (
-        "SELECT pubkey FROM mesh.topic_subscription WHERE mesh_id = %(mesh_id)s AND topic = %(ref)s "
-        "AND pubkey <> %(sender)s ORDER BY pubkey"
+    "sender_policy": (  # B1's two reads in one: the mesh's dedupe policy (no row: no mesh) and membership
+        "SELECT m.dedupe_mode, m.retention_days, EXISTS (SELECT 1 FROM mesh.member s WHERE s.mesh_id = m.id "
+        "AND s.pubkey = %(pubkey)s) AS is_member FROM mesh.mesh m WHERE m.id = %(mesh_id)s"
     ),
-    "queue_recipients": (
-        "SELECT pubkey FROM mesh.queue_consumer WHERE mesh_id = %(mesh_id)s AND queue_id = %(ref)s ORDER BY pubkey"
+    # one send's savepoint inside a group transaction (SqlBrokerStore.accept_batch), named by its position
+    "savepoint": "SAVEPOINT accept_{position}",
+    "rollback_to_savepoint": "ROLLBACK TO SAVEPOINT accept_{position}",
+    "member_exists": "SELECT 1 FROM mesh.member WHERE mesh_id = %(mesh_id)s AND pubkey = %(pubkey)s",
+    # B2 and the recipients in one read (§4.7.2 step 3): no row means no such destination; a NULL pubkey, no recipient
+    "destination_topic": (
+        "SELECT s.pubkey FROM mesh.topic t LEFT JOIN mesh.topic_subscription s ON s.mesh_id = t.mesh_id "
+        "AND s.topic = t.name AND s.pubkey <> %(sender)s WHERE t.mesh_id = %(mesh_id)s AND t.name = %(ref)s "
+        "ORDER BY s.pubkey"
+    ),
+    "destination_dm": "SELECT pubkey FROM mesh.member WHERE mesh_id = %(mesh_id)s AND pubkey = %(ref)s",
+    "destination_queue": (
+        "SELECT c.pubkey FROM mesh.queue q LEFT JOIN mesh.queue_consumer c ON c.mesh_id = q.mesh_id "
+        "AND c.queue_id = q.id WHERE q.mesh_id = %(mesh_id)s AND q.id = %(ref)s ORDER BY c.pubkey"
     ),
     # §4.7.2 steps 1 and 2
     "claim_dedupe": (
@@ -246,6 +256,9 @@ class PostgresStore(SqlBrokerStore):
 
     _begin_read = _begin
     _begin_write = _begin
+
+    def _pipeline(self, conn: psycopg.Connection) -> contextlib.AbstractContextManager[Any]:
+        return conn.pipeline()  # psycopg's pipeline mode: statements go out without waiting for each answer
 
     def _lock_migrations(self, cur: psycopg.Cursor) -> None:
         cur.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))

@@ -2,10 +2,12 @@
 
 Atomicity and serialisation: every write runs under ``BEGIN IMMEDIATE``, which takes the database's RESERVED lock
 before the first statement, so the accept's claim → read-back → B2 → inserts run with no other writer in between
-(SQLite has no row locks; the read-back needs none). Readers (B1, idle delivery polls, counts, the orphan check) use
-deferred ``BEGIN`` and, under WAL, never wait for a writer. Each thread gets its own connection (``threading.local``;
-``busy_timeout`` makes a second writer wait rather than fail); a connection is only ever used by the thread that
-opened it, and ``close()`` closes them all. Times are INTEGER unix milliseconds; booleans are 0/1.
+(SQLite has no row locks; the read-back needs none). A group of accepts shares one such transaction, each send from
+its own savepoint (``_sql.py``); ``temp_store = MEMORY`` keeps the savepoints' statement journal off the disk.
+Readers (idle delivery polls, counts, the orphan check) use deferred ``BEGIN`` and, under WAL, never wait for a
+writer. Each thread gets its own connection (``threading.local``; ``busy_timeout`` makes a second writer wait rather
+than fail); a connection is only ever used by the thread that opened it, and ``close()`` closes them all. Times are
+INTEGER unix milliseconds; booleans are 0/1.
 """
 
 from __future__ import annotations
@@ -35,15 +37,23 @@ _DEDUPE_MAY_HAVE_EXPIRED = (
 SQL: dict[str, str] = {
     # B1 and B2 reads
     "mesh_policy": "SELECT dedupe_mode, retention_days FROM mesh WHERE id = :mesh_id",
-    "member_exists": "SELECT 1 FROM member WHERE mesh_id = :mesh_id AND pubkey = :pubkey",
-    "topic_exists": "SELECT 1 FROM topic WHERE mesh_id = :mesh_id AND name = :topic",
-    "queue_exists": "SELECT 1 FROM queue WHERE mesh_id = :mesh_id AND id = :queue_id",
-    "topic_recipients": (
-        "SELECT pubkey FROM topic_subscription WHERE mesh_id = :mesh_id AND topic = :ref AND pubkey <> :sender "
-        "ORDER BY pubkey"
+    "sender_policy": (  # B1's two reads in one: the mesh's dedupe policy (no row: no mesh) and membership
+        "SELECT m.dedupe_mode, m.retention_days, EXISTS (SELECT 1 FROM member s WHERE s.mesh_id = m.id "
+        "AND s.pubkey = :pubkey) AS is_member FROM mesh m WHERE m.id = :mesh_id"
     ),
-    "queue_recipients": (
-        "SELECT pubkey FROM queue_consumer WHERE mesh_id = :mesh_id AND queue_id = :ref ORDER BY pubkey"
+    # one send's savepoint inside a group transaction (SqlBrokerStore.accept_batch), named by its position
+    "savepoint": "SAVEPOINT accept_{position}",
+    "rollback_to_savepoint": "ROLLBACK TO SAVEPOINT accept_{position}",
+    "member_exists": "SELECT 1 FROM member WHERE mesh_id = :mesh_id AND pubkey = :pubkey",
+    # B2 and the recipients in one read (§4.7.2 step 3): no row means no such destination; a NULL pubkey, no recipient
+    "destination_topic": (
+        "SELECT s.pubkey FROM topic t LEFT JOIN topic_subscription s ON s.mesh_id = t.mesh_id AND s.topic = t.name "
+        "AND s.pubkey <> :sender WHERE t.mesh_id = :mesh_id AND t.name = :ref ORDER BY s.pubkey"
+    ),
+    "destination_dm": "SELECT pubkey FROM member WHERE mesh_id = :mesh_id AND pubkey = :ref",
+    "destination_queue": (
+        "SELECT c.pubkey FROM queue q LEFT JOIN queue_consumer c ON c.mesh_id = q.mesh_id AND c.queue_id = q.id "
+        "WHERE q.mesh_id = :mesh_id AND q.id = :ref ORDER BY c.pubkey"
     ),
     # §4.7.2 steps 1 and 2
     "claim_dedupe": (
@@ -224,6 +234,9 @@ class SqliteStore(SqlBrokerStore):
         if mode.lower() != "wal":
             raise sqlite3.OperationalError(f"{self.path}: journal_mode is {mode}, not wal")
         conn.execute("PRAGMA synchronous = FULL")
+        # The statement journal that lets a group transaction roll back to one send's savepoint lives in memory, not
+        # in a temporary file: it only ever serves a rollback inside an open transaction, never recovery.
+        conn.execute("PRAGMA temp_store = MEMORY")
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         conn.execute("PRAGMA foreign_keys = ON")
         return conn
