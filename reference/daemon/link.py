@@ -37,7 +37,7 @@ import websocket
 from reference.core import OutboxEvent, TransitionError, maxage, negotiate
 from reference.core.features import CloseReason
 from reference.core.request import load_payload
-from spec import SPEC_VERSION, validator
+from spec import SPEC_VERSION, fast_validator
 
 from .identity import Keypair, hello_signature_payload
 
@@ -139,7 +139,7 @@ class BrokerLink(threading.Thread):
         self._requests: queue.Queue = queue.Queue()
         self._pending_requests: dict[str, Future] = {}
         self._deadlines: dict[str, float] = {}
-        self._frame_check = validator("broker/frame#/$defs/broker_to_daemon")
+        self._frame_check = fast_validator("broker/frame#/$defs/broker_to_daemon")
         self._request_seq = 0
         self._request_lock = threading.Lock()
 
