@@ -24,6 +24,7 @@ import logging
 import os
 import queue
 import random
+import select
 import socket
 import threading
 import time
@@ -45,6 +46,8 @@ log = logging.getLogger("meshd.link")
 CLOSE_FEATURE_UNAVAILABLE = 4010
 EXIT_NEGOTIATION = 10
 EXIT_CONFIG = 3
+DISPATCH_BATCH = 256  # due rows claimed per drain transaction
+MAX_FRAMES_PER_TURN = 256  # inbound frames read before the loop drains and checks timeouts again
 
 
 class BrokerUnavailable(Exception):
@@ -146,7 +149,8 @@ class BrokerLink(threading.Thread):
     # --- called from IPC threads ---------------------------------------------------------------------------
     def wake(self) -> None:
         """A row was accepted: dispatch without waiting for the next tick."""
-        self._wake.set()
+        if not self._wake.is_set():  # Event.set takes a Condition even when set; this runs on every accept
+            self._wake.set()
 
     def request_peers(self, timeout: float) -> list[dict[str, Any]]:
         """Ask the broker for its peer list (GET /v1/peers)."""
@@ -310,9 +314,21 @@ class BrokerLink(threading.Thread):
                 raw = ws.recv()
             except websocket.WebSocketTimeoutException:
                 continue
-            frame = self._parse(raw)
-            if frame is not None:
+            # Frames are handled in arrival order; a run of consecutive acks is applied in one transaction.
+            acks: list[dict[str, Any]] = []
+            for index in range(MAX_FRAMES_PER_TURN):
+                if index and not _readable(ws):
+                    break
+                frame = self._parse(raw if index == 0 else ws.recv())
+                if frame is None:
+                    continue
+                if frame.get("type") == "ack":
+                    acks.append(frame)
+                    continue
+                self._on_acks(acks)
+                acks = []
                 self._handle(ws, frame)
+            self._on_acks(acks)
 
     # --- frames --------------------------------------------------------------------------------------------
     def _send(self, ws: websocket.WebSocket, frame: dict[str, Any]) -> None:
@@ -347,7 +363,7 @@ class BrokerLink(threading.Thread):
     def _handle(self, ws: websocket.WebSocket, frame: dict[str, Any]) -> None:
         kind = frame.get("type")
         if kind == "ack":
-            self._on_ack(frame)
+            self._on_acks([frame])
         elif kind == "push":
             self._on_push(ws, frame)
         elif kind == "peers_list":
@@ -361,27 +377,32 @@ class BrokerLink(threading.Thread):
         else:
             log.info("ignoring %s frame", kind)
 
-    def _on_ack(self, frame: dict[str, Any]) -> None:
-        cmid = frame.get("client_message_id") or frame.get("id")
-        if frame.get("_invalid"):
-            self._invalid(f"ack for {cmid}: {frame['_invalid']}")
-            event, error = "ack_failed", f"invalid ack: {frame['_invalid']}"
-        else:
-            event, error = ack_event(frame)
-        self._deadlines.pop(cmid, None)
+    def _on_acks(self, frames: list[dict[str, Any]]) -> None:
+        """Apply each ack's outbox event (E-10), in order, in one transaction; the core's table decides (E-17)."""
+        if not frames:
+            return
         now = self._now_ms()
-        self.state.last_ack_ms = now
-        try:
-            result = self.outbox.transition(cmid, by="client_message_id", event=OutboxEvent(
+        changes = []
+        for frame in frames:
+            cmid = frame.get("client_message_id") or frame.get("id")
+            if frame.get("_invalid"):
+                self._invalid(f"ack for {cmid}: {frame['_invalid']}")
+                event, error = "ack_failed", f"invalid ack: {frame['_invalid']}"
+            else:
+                event, error = ack_event(frame)
+            self._deadlines.pop(cmid, None)
+            changes.append((cmid, OutboxEvent(
                 event, now=now, broker_message_id=frame.get("broker_message_id") or frame.get("messageId") or None,
-                history_id=frame.get("history_id"), error=error, jitter_unit=self._jitter()))
-        except (KeyError, LookupError):
-            log.warning("ack for unknown client_message_id %s", cmid)
-            return
-        except TransitionError as exc:
-            log.error("%s", exc)
-            return
-        self._perform(result)
+                history_id=frame.get("history_id"), error=error, jitter_unit=self._jitter())))
+        self.state.last_ack_ms = now
+        for (cmid, _), result in zip(changes, self.outbox.transition_many(changes, by="client_message_id"),
+                                     strict=True):
+            if isinstance(result, LookupError):
+                log.warning("ack for unknown client_message_id %s", cmid)
+            elif isinstance(result, TransitionError):
+                log.error("%s", result)
+            else:
+                self._perform(result)
 
     def _on_push(self, ws: websocket.WebSocket, frame: dict[str, Any]) -> None:
         if frame.get("subtype") == "system":
@@ -407,16 +428,18 @@ class BrokerLink(threading.Thread):
 
     # --- outbox --------------------------------------------------------------------------------------------
     def _drain(self, ws: websocket.WebSocket) -> None:
-        now = self._now_ms()
-        for result in self.outbox.expire(now):
+        """Expire, then claim due rows (committed ``inflight`` in one transaction) and only then send their frames."""
+        expired, dispatched = self.outbox.drain(self._now_ms(), DISPATCH_BATCH)
+        for result in expired:
             self._perform(result)
-        for row in self.outbox.due(now, 32):
-            result = self.outbox.transition(row.id, OutboxEvent("dispatch", now=now), by="id")
-            if result.outcome != "transition":
-                continue
-            self._deadlines[row.client_message_id] = time.monotonic() + float(self.config["outbox"]["ack_timeout_s"])
-            self._send(ws, send_frame(result.after))
-            self._count("send_total")
+        sent = [result.after for result in dispatched if result.outcome == "transition"]
+        deadline = time.monotonic() + float(self.config["outbox"]["ack_timeout_s"])
+        for row in sent:  # armed before any frame goes out: a link lost mid-way returns every claimed row
+            self._deadlines[row.client_message_id] = deadline
+        for row in sent:
+            self._send(ws, send_frame(row))
+        if sent:
+            self._count("send_total", len(sent))
 
     def _check_timeouts(self) -> None:
         now = time.monotonic()
@@ -512,6 +535,13 @@ def send_frame(row: Any) -> dict[str, Any]:
         "body": payload["message"],
         "targetSpec": payload["to"],
     }
+
+
+def _readable(ws: websocket.WebSocket) -> bool:
+    """Whether the link's socket has bytes waiting (so ``recv`` returns without waiting for the broker)."""
+    poller = select.poll()
+    poller.register(ws.sock, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def _close_quietly(ws: websocket.WebSocket, code: int, reason: str) -> None:

@@ -50,6 +50,7 @@ from reference.core import (
     OutboxRow,
     SendRequest,
     Transition,
+    TransitionError,
     accepted,
     apply,
     decide_send,
@@ -412,6 +413,9 @@ _OUTBOX_UPDATE = (
 )
 _OUTBOX_CURSOR = re.compile(r"o1:(\d{1,19}):(.+)", re.DOTALL)
 _KEY_COLUMNS = {"id": "id", "client_message_id": "client_message_id"}
+_DUE_WHERE = "status = 'pending' AND next_attempt_at <= ?"
+_DUE_ORDER = "ORDER BY next_attempt_at, enqueued_at, id"
+_EXPIRED_WHERE = "status = 'pending' AND max_age_at IS NOT NULL AND max_age_at < ?"
 
 
 def _outbox_row(values: Sequence[Any]) -> OutboxRow:
@@ -582,11 +586,8 @@ class OutboxStore(_SqliteStore):
     def due(self, now_ms: int, limit: int = 32) -> list[OutboxRow]:
         """Pending rows with ``next_attempt_at <= now_ms``, oldest first (by ``next_attempt_at``, then enqueue)."""
         with self._reading() as conn:
-            found = conn.execute(
-                f"{_OUTBOX_SELECT} WHERE status = 'pending' AND next_attempt_at <= ?"
-                " ORDER BY next_attempt_at, enqueued_at, id LIMIT ?",
-                (now_ms, limit),
-            ).fetchall()
+            found = conn.execute(f"{_OUTBOX_SELECT} WHERE {_DUE_WHERE} {_DUE_ORDER} LIMIT ?",
+                                 (now_ms, limit)).fetchall()
         return [_outbox_row(r) for r in found]
 
     # --- lifecycle -----------------------------------------------------------------------------------------------
@@ -610,6 +611,59 @@ class OutboxStore(_SqliteStore):
                 self._persist(conn, result)
             traced.append(result)
         return result
+
+    def transition_many(self, changes: Sequence[tuple[str, OutboxEvent]], *, by: str
+                        ) -> builtins.list[Transition | OutboxRowNotFound | TransitionError]:
+        """Apply each ``(key, event)`` in order in ONE transaction, as consecutive ``transition`` calls would.
+
+        Each change sees the writes of the ones before it. A key without a row, or a pair the core refuses, takes its
+        exception's place in the result and writes nothing; the other changes go ahead. Any other failure (including
+        ``NewIdInUse``) rolls the whole batch back and is raised.
+        """
+        results: builtins.list[Transition | OutboxRowNotFound | TransitionError] = []
+        traced: builtins.list[Transition] = []
+        with self._transaction(traced) as conn:
+            for key, event in changes:
+                try:
+                    result = apply(self._resolve(conn, key, by), event, self.policy)
+                except (OutboxRowNotFound, TransitionError) as exc:
+                    results.append(exc)
+                    continue
+                if result.outcome == "transition":
+                    self._persist(conn, result)
+                traced.append(result)
+                results.append(result)
+        return results
+
+    def drain(self, now_ms: int, limit: int) -> tuple[builtins.list[Transition], builtins.list[Transition]]:
+        """The drain loop's write, in ONE transaction: ``expire`` (E-14), then ``dispatch`` up to ``limit`` due rows.
+
+        Returns (the expiry transitions, the dispatch transitions), as ``expire`` followed by ``transition(row.id,
+        dispatch)`` for each row of ``due(now_ms, limit)`` would; every dispatched row is ``inflight`` on return, so
+        its frame may be sent.
+        """
+        expired: builtins.list[Transition] = []
+        dispatched: builtins.list[Transition] = []
+        traced: builtins.list[Transition] = []
+        with self._transaction(traced) as conn:
+            expiry = OutboxEvent("max_age_exceeded", now_ms)
+            for values in conn.execute(f"{_OUTBOX_SELECT} WHERE {_EXPIRED_WHERE} ORDER BY enqueued_at, id",
+                                       (now_ms,)).fetchall():
+                row = _outbox_row(values)
+                if is_expired(row, now_ms):
+                    result = apply(row, expiry, self.policy)
+                    if result.outcome == "transition":
+                        self._persist(conn, result)
+                    expired.append(result)
+            dispatch = OutboxEvent("dispatch", now=now_ms)
+            for values in conn.execute(f"{_OUTBOX_SELECT} WHERE {_DUE_WHERE} {_DUE_ORDER} LIMIT ?",
+                                       (now_ms, limit)).fetchall():
+                result = apply(_outbox_row(values), dispatch, self.policy)
+                if result.outcome == "transition":
+                    self._persist(conn, result)
+                dispatched.append(result)
+            traced += expired + dispatched
+        return expired, dispatched
 
     def _resolve(self, conn: sqlite3.Connection, key: str, by: str | None) -> OutboxRow:
         if by is not None:
@@ -672,7 +726,7 @@ class OutboxStore(_SqliteStore):
 
     def expire(self, now_ms: int) -> list[Transition]:
         """Every pending row past its max age goes ``dead`` (``max_age_exceeded``, E-14), in one transaction."""
-        return self._apply_each("status = 'pending' AND max_age_at IS NOT NULL AND max_age_at < ?", (now_ms,),
+        return self._apply_each(_EXPIRED_WHERE, (now_ms,),
                                 OutboxEvent("max_age_exceeded", now_ms), keep=lambda row: is_expired(row, now_ms))
 
     def recover(self, now_ms: int) -> list[Transition]:
