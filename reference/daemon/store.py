@@ -406,11 +406,6 @@ _OUTBOX_SELECT = f"SELECT {', '.join(_OUTBOX_COLUMNS)} FROM outbox"
 _OUTBOX_INSERT = (
     f"INSERT INTO outbox ({', '.join(_OUTBOX_COLUMNS)}) VALUES ({', '.join(':' + c for c in _OUTBOX_COLUMNS)})"
 )
-_OUTBOX_UPDATE = (
-    "UPDATE outbox SET "
-    + ", ".join(f"{c} = :{c}" for c in _OUTBOX_COLUMNS if c != "id")
-    + " WHERE id = :id"
-)
 _OUTBOX_CURSOR = re.compile(r"o1:(\d{1,19}):(.+)", re.DOTALL)
 _KEY_COLUMNS = {"id": "id", "client_message_id": "client_message_id"}
 _DUE_WHERE = "status = 'pending' AND next_attempt_at <= ?"
@@ -437,9 +432,17 @@ def _outbox_insert_many(count: int) -> str:
 
 
 @functools.cache
-def _outbox_select_many(count: int) -> str:
-    """The rows bound to any of ``count`` client_message_ids."""
-    return f"{_OUTBOX_SELECT} WHERE client_message_id IN ({', '.join('?' * count)})"
+def _outbox_select_many(column: str, count: int) -> str:
+    """The rows whose ``column`` is any of ``count`` values."""
+    return f"{_OUTBOX_SELECT} WHERE {column} IN ({', '.join('?' * count)})"
+
+
+@functools.cache
+def _outbox_update(columns: tuple[str, ...]) -> str:
+    """``UPDATE`` of just these columns: SQLite then maintains only the indexes that cover them."""
+    if not columns:
+        return "UPDATE outbox SET id = id WHERE id = :id"  # still proves the row exists (rowcount 1)
+    return "UPDATE outbox SET " + ", ".join(f"{c} = :{c}" for c in columns) + " WHERE id = :id"
 
 
 def _outbox_params(row: OutboxRow) -> dict[str, Any]:
@@ -518,7 +521,7 @@ class OutboxStore(_SqliteStore):
         with self._transaction(traced) as conn:
             # Few statements per batch, not two per item: each one hands the GIL over, and under load getting it
             # back is what a request waits for. ``rows`` is what a sequential SELECT would see at each item.
-            rows = self._load_by_client_message_ids(conn, {item.client_message_id for item in prepared})
+            rows = self._load_many(conn, "client_message_id", {item.client_message_id for item in prepared})
             inserts: list[OutboxRow] = []
             for item in prepared:
                 existing = rows.get(item.client_message_id)
@@ -544,14 +547,15 @@ class OutboxStore(_SqliteStore):
                          item.request.payload())
 
     @staticmethod
-    def _load_by_client_message_ids(conn: sqlite3.Connection, keys: builtins.set[str]) -> dict[str, OutboxRow]:
+    def _load_many(conn: sqlite3.Connection, column: str, keys: builtins.set[str]) -> dict[str, OutboxRow]:
+        """The rows whose ``column`` (``id`` or ``client_message_id``) is one of ``keys``, by that key."""
         found: dict[str, OutboxRow] = {}
         ordered = sorted(keys)
         for start in range(0, len(ordered), _ROWS_PER_STATEMENT):
             chunk = ordered[start:start + _ROWS_PER_STATEMENT]
-            for values in conn.execute(_outbox_select_many(len(chunk)), chunk).fetchall():
+            for values in conn.execute(_outbox_select_many(_KEY_COLUMNS[column], len(chunk)), chunk).fetchall():
                 row = _outbox_row(values)
-                found[row.client_message_id] = row
+                found[getattr(row, column)] = row
         return found
 
     # --- reads ---------------------------------------------------------------------------------------------------
@@ -620,17 +624,26 @@ class OutboxStore(_SqliteStore):
         exception's place in the result and writes nothing; the other changes go ahead. Any other failure (including
         ``NewIdInUse``) rolls the whole batch back and is raised.
         """
+        if by not in _KEY_COLUMNS:
+            raise ValueError("by must be 'id' or 'client_message_id'")
         results: builtins.list[Transition | OutboxRowNotFound | TransitionError] = []
         traced: builtins.list[Transition] = []
         with self._transaction(traced) as conn:
+            rows = self._load_many(conn, by, {key for key, _ in changes})  # what each change would SELECT, kept current
             for key, event in changes:
+                row = rows.get(key)
                 try:
-                    result = apply(self._resolve(conn, key, by), event, self.policy)
+                    if row is None:
+                        raise OutboxRowNotFound(key)
+                    result = apply(row, event, self.policy)
                 except (OutboxRowNotFound, TransitionError) as exc:
                     results.append(exc)
                     continue
                 if result.outcome == "transition":
                     self._persist(conn, result)
+                    for written in (result.after, result.successor):
+                        if written is not None:
+                            rows[getattr(written, by)] = written
                 traced.append(result)
                 results.append(result)
         return results
@@ -686,8 +699,11 @@ class OutboxStore(_SqliteStore):
             holder = self._load(conn, "client_message_id", successor.client_message_id)
             if holder is not None:
                 raise NewIdInUse(successor.client_message_id, holder.id)
-        assert result.after is not None
-        if conn.execute(_OUTBOX_UPDATE, _outbox_params(result.after)).rowcount != 1:
+        after = result.after
+        assert after is not None
+        before = result.before.__dict__ if result.before is not None and result.before.id == after.id else {}
+        changed = tuple(c for c in _OUTBOX_COLUMNS if c != "id" and (c not in before or before[c] != after.__dict__[c]))
+        if conn.execute(_outbox_update(changed), {c: after.__dict__[c] for c in ("id", *changed)}).rowcount != 1:
             raise StoreError(f"outbox row {result.after.id!r} vanished inside its transaction")
         if successor is not None:
             conn.execute(_OUTBOX_INSERT, _outbox_params(successor))

@@ -591,6 +591,7 @@ def test_transition_many_is_consecutive_transitions_in_one_commit(tmp_path):
             for cmid in ("cm-a", "cm-b", "cm-c"):
                 store.accept(send(), cmid, f"01ROW-{cmid}", T0)
                 store.transition(cmid, event("dispatch"), by="client_message_id")
+            store.accept(send(), "cm-d", "01ROW-cm-d", T0)
         changes = [
             ("cm-a", event("ack_created", broker_message_id="01BA", history_id="h-a")),
             ("cm-a", event("ack_created", broker_message_id="01BA2", history_id="h-a2")),  # late: sees the first
@@ -598,6 +599,9 @@ def test_transition_many_is_consecutive_transitions_in_one_commit(tmp_path):
             ("cm-b", event("ack_failed", error="503 busy", jitter_unit=0.5)),
             ("cm-b", event("dispatch")),  # pending again after the failure: dispatched again
             ("cm-c", event("ack_rejected", error="rejected: 403")),
+            ("cm-d", event("requeue", successor_id="01ROW-cm-d2", successor_client_message_id="cm-d2")),
+            ("cm-d2", event("dispatch")),  # the successor the requeue inserted
+            ("cm-d", event("dispatch")),  # aborted now: refused
         ]
         one, many = stores
         expected = []
