@@ -179,6 +179,7 @@ class Send:
             raise Problem(exc.code, exc.detail,
                           invalid_params=[{"name": n, "reason": r} for n, r in exc.invalid_params] or None) from exc
         cmid = request.client_message_id or self.ctx.mint_id()
+        request.fingerprint(), request.payload()  # computed here, in parallel, not on the one committer thread
         decision, _ = self.ctx.committer.submit((request, cmid, self.ctx.mint_id(), int(self.ctx.clock() * 1000)))
         if decision.is_conflict:
             extensions = {k: v for k, v in decision.body.items() if k != "error"}
