@@ -238,7 +238,10 @@ class BrokerLink(threading.Thread):
         if not url:
             raise ValueError("broker.url is not configured")
         timeout = float(self.config["broker"]["hello_timeout_s"])
-        return websocket.create_connection(url, timeout=timeout, enable_multithread=False)
+        # skip_utf8_validation: websocket-client's own check walks every byte in Python (~100 us per ack frame). Text
+        # frames are still refused unless they are UTF-8: recv() decodes them strictly, and the UnicodeDecodeError
+        # (a ValueError) ends the connection in run() exactly as the validator's WebSocketPayloadException did.
+        return websocket.create_connection(url, timeout=timeout, enable_multithread=False, skip_utf8_validation=True)
 
     def _handshake(self, ws: websocket.WebSocket) -> None:
         timestamp = int(self.clock() * 1000)
@@ -333,6 +336,16 @@ class BrokerLink(threading.Thread):
     # --- frames --------------------------------------------------------------------------------------------
     def _send(self, ws: websocket.WebSocket, frame: dict[str, Any]) -> None:
         ws.send(json.dumps(frame, separators=(",", ":"), ensure_ascii=False))
+
+    def _send_many(self, ws: websocket.WebSocket, frames: list[dict[str, Any]]) -> None:
+        """Send text frames (each masked by websocket-client, as ``ws.send`` would) in one write, not one each."""
+        data = b"".join(websocket.ABNF.create_frame(json.dumps(frame, separators=(",", ":"), ensure_ascii=False),
+                                                    websocket.ABNF.OPCODE_TEXT).format() for frame in frames)
+        ws.sock.settimeout(float(self.config["broker"]["request_timeout_s"]))  # a whole batch, not one recv tick
+        try:
+            ws.sock.sendall(data)
+        finally:
+            ws.sock.settimeout(self.tick_s)
 
     def _parse(self, raw: Any) -> dict[str, Any] | None:
         if isinstance(raw, bytes):
@@ -435,18 +448,24 @@ class BrokerLink(threading.Thread):
         sent = [result.after for result in dispatched if result.outcome == "transition"]
         deadline = time.monotonic() + float(self.config["outbox"]["ack_timeout_s"])
         for row in sent:  # armed before any frame goes out: a link lost mid-way returns every claimed row
+            self._deadlines.pop(row.client_message_id, None)  # (re)armed at the end: deadlines stay in time order
             self._deadlines[row.client_message_id] = deadline
-        for row in sent:
-            self._send(ws, send_frame(row))
         if sent:
+            self._send_many(ws, [send_frame(row) for row in sent])
             self._count("send_total", len(sent))
 
     def _check_timeouts(self) -> None:
+        # Deadlines are armed in time order with one ack_timeout_s, and a dict keeps insertion order, so the expired
+        # ones are a prefix: this runs every turn, and must not scan every inflight row each time.
         now = time.monotonic()
-        for cmid, deadline in list(self._deadlines.items()):
-            if deadline <= now:
-                self._deadlines.pop(cmid, None)
-                self._retry(cmid, "ack_timeout", "no ack within ack_timeout_s")
+        expired = []
+        for cmid, deadline in self._deadlines.items():
+            if deadline > now:
+                break
+            expired.append(cmid)
+        for cmid in expired:
+            self._deadlines.pop(cmid, None)
+            self._retry(cmid, "ack_timeout", "no ack within ack_timeout_s")
 
     def _lose_inflight(self) -> None:
         for cmid in list(self._deadlines):
