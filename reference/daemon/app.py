@@ -129,10 +129,9 @@ class Health:
         self.ctx = ctx
 
     def on_get(self, req, resp):
-        counts = self.ctx.outbox.counts()
+        counts, oldest = self.ctx.outbox.health()
         state = self.ctx.link.state
         connected = state.status == "open"
-        oldest = self.ctx.outbox.oldest_pending_enqueued_at()
         lag_ms = None if oldest is None else max(0, int(self.ctx.clock() * 1000) - oldest)
         _send_json(resp, 200, {
             "ok": connected and not self.ctx.draining.is_set(), "connected": connected, "lag_ms": lag_ms,

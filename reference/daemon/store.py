@@ -581,6 +581,18 @@ class OutboxStore(_SqliteStore):
             found = dict(conn.execute("SELECT status, count(*) FROM outbox GROUP BY status").fetchall())
         return {state: int(found.get(state, 0)) for state in STATES}
 
+    def health(self) -> tuple[dict[str, int], int | None]:
+        """``counts()`` and ``oldest_pending_enqueued_at()`` from one read (one statement, one snapshot)."""
+        with self._reading() as conn:
+            found = conn.execute("SELECT status, count(*), min(enqueued_at) FROM outbox GROUP BY status").fetchall()
+        counts = {state: 0 for state in STATES}
+        oldest = None
+        for status, count, first in found:
+            counts[status] = int(count)
+            if status == "pending":
+                oldest = first
+        return counts, oldest
+
     def oldest_pending_enqueued_at(self) -> int | None:
         """``enqueued_at`` of the oldest pending row (for /v1/health ``lag_ms``), ``None`` when none is pending."""
         with self._reading() as conn:

@@ -389,6 +389,15 @@ def test_counts_and_get(outbox):
     assert outbox.get("01NOPE") is None and outbox.get_by_client_message_id("nope") is None
 
 
+def test_health_is_counts_and_oldest_pending_in_one_read(outbox):
+    assert outbox.health() == (dict.fromkeys(STATES, 0), None)
+    row_in_state(outbox, "done", "cm-done")
+    accept_new(outbox, "cm-late", now=T0 + 50)
+    accept_new(outbox, "cm-early", now=T0 + 10)
+    assert outbox.health() == (outbox.counts(), outbox.oldest_pending_enqueued_at()) == (
+        {"pending": 2, "inflight": 0, "done": 1, "dead": 0, "aborted": 0}, T0 + 10)
+
+
 def test_due_is_pending_and_due_oldest_first(outbox):
     late = accept_new(outbox, "cm-late", now=T0 + 50)
     early = accept_new(outbox, "cm-early", now=T0 + 10)
