@@ -9,7 +9,9 @@ One run measures, on one filesystem (a temp directory):
    with p50/p99 latency, while the scripted broker acks every send (the drain loop runs, as in production);
 
 and, to show the load generator is not what limits (2) and (3), the same clients against a null HTTP responder on a
-unix socket in its own process. Afterwards the daemon's outbox must hold exactly one row per 202 it answered.
+unix socket in its own process. Afterwards the daemon's outbox must hold exactly one row per 202 it answered; the
+share of them the broker had already acked (``done``) is reported too, since a drain loop that falls behind
+defers its CPU past the measurement window and so flatters the send rate.
 
 The three measurements run in ``--rounds`` rounds, each on a fresh daemon (so a send phase's outbox backlog never
 slows the next health phase) with the raw commits measured just before it; the ratios use all rounds pooled, so a
@@ -315,12 +317,12 @@ def raw_commits(path: Path, seconds: float) -> list[float]:
 # --- one run -------------------------------------------------------------------------------------------------------
 
 
-def _outbox_rows(launched: Any) -> int:
-    """Every outbox row, whatever its status (from the cm_daemon_outbox_depth gauges)."""
+def _outbox_depth(launched: Any) -> dict[str, int]:
+    """Outbox rows per status (from the cm_daemon_outbox_depth gauges)."""
     with launched.unix() as client:
         text = client.get("/v1/metrics").text
-    return sum(int(float(line.rsplit(" ", 1)[1])) for line in text.splitlines()
-               if line.startswith("cm_daemon_outbox_depth{"))
+    return {line.split('"')[1]: int(float(line.rsplit(" ", 1)[1])) for line in text.splitlines()
+            if line.startswith("cm_daemon_outbox_depth{")}
 
 
 @dataclass
@@ -330,7 +332,8 @@ class Round:
     raw: list[float]
     health: Load
     send: Load
-    rows: int
+    rows: int  # every outbox row, whatever its status
+    delivered: int  # rows already acked by the broker (done) when the send phase ended
 
     @property
     def raw_rate(self) -> float:
@@ -356,10 +359,10 @@ def run_round(work: Path, index: int, args: argparse.Namespace) -> Round:
                               args.warmup, pids)
             send = run_load(daemon.socket_path, "send", "send", args.clients, args.procs, args.seconds, args.warmup,
                             pids)
-            rows = _outbox_rows(daemon)
+            depth = _outbox_depth(daemon)
         finally:
             daemon.stop(timeout=20)
-    return Round(raw, health, send, rows)
+    return Round(raw, health, send, sum(depth.values()), depth.get("done", 0))
 
 
 def pooled(loads: list[Load]) -> Load:
@@ -431,6 +434,7 @@ def main(argv: list[str] | None = None) -> int:
     send = pooled([r.send for r in rounds])
     accepted = send.statuses.get(202, 0)
     rows = sum(r.rows for r in rounds)
+    delivered = sum(r.delivered for r in rounds)
 
     per_round = Table(title="rounds (each on a fresh daemon; raw commits measured just before it)")
     for column in ("round", "raw commit /s", "health /s", "send /s", "send p99 ms", "send/raw-commit", "send/health"):
@@ -473,6 +477,9 @@ def main(argv: list[str] | None = None) -> int:
          send.percentile_ms(0.99) <= TARGETS["send p99 ms"]),
         ("durable: every send 202, one outbox row per 202", f"{accepted} x 202, {rows} rows, {send.errors} errors",
          "only 202s, rows == 202s", rows == accepted and send.errors == 0 and set(send.statuses) == {202}),
+        ("(info) delivered: rows the broker acked by the end of the send phase",
+         f"{delivered} of {rows} ({delivered / max(rows, 1):.0%})", "not a target: a daemon whose drain loop lags "
+         "defers CPU past the window", None),
         ("load generator not the bottleneck", f"null {null_load.rate:,.0f}/s = {headroom:.1f} x the faster daemon "
          f"rate; clients used {send.client_cores:.2f} cores during send", ">= 2 x", headroom >= 2),
     ]
@@ -480,9 +487,10 @@ def main(argv: list[str] | None = None) -> int:
     for column in ("target", "measured", "wanted", "verdict"):
         summary.add_column(column)
     for name, measured, wanted, met in verdicts:
-        summary.add_row(name, measured, wanted, "[green]targets met[/green]" if met else "[red]not met[/red]")
+        verdict = "info" if met is None else "[green]targets met[/green]" if met else "[red]not met[/red]"
+        summary.add_row(name, measured, wanted, verdict)
     console.print(summary)
-    return 1 if args.check and not all(met for *_, met in verdicts) else 0
+    return 1 if args.check and not all(met for *_, met in verdicts if met is not None) else 0
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jsonschema_rs
 import yaml
 from jsonschema import Draft202012Validator, FormatChecker, ValidationError, validators
 from referencing import Registry, Resource
@@ -26,6 +27,7 @@ __all__ = [
     "SCHEMA_BASE",
     "SPEC_DIR",
     "SPEC_VERSION",
+    "fast_validator",
     "load_json",
     "load_table",
     "load_yaml",
@@ -125,3 +127,94 @@ SpecValidator = validators.extend(Draft202012Validator, {"pattern": _ecma_patter
 def validator(ref: str, spec_dir: Path = SPEC_DIR) -> Draft202012Validator:
     """A validator for the schema named ``group/name``, with formats checked and ECMA-262 ``pattern`` semantics."""
     return SpecValidator(schema(ref, spec_dir), registry=schema_registry(spec_dir), format_checker=FormatChecker())
+
+
+_ESCAPED_PUNCTUATION = frozenset(".+*?()[]{}|^$/\\-")
+
+
+def portable_pattern(pattern: str) -> bool:
+    """Whether ECMA-262 and Rust's regex crate read ``pattern`` alike (E-30).
+
+    Allowed: printable ASCII literals, escaped punctuation, ``^``/``$``, groups and ``(?:``, alternation,
+    quantifiers and classes of literal ASCII. Refused: ``.``, ``\\d``/``\\w``/``\\s`` and other escapes, look-arounds
+    (where the two disagree on newlines and Unicode).
+    """
+    i = 0
+    while i < len(pattern):
+        char = pattern[i]
+        if char == "\\":
+            if pattern[i + 1:i + 2] not in _ESCAPED_PUNCTUATION or i + 1 >= len(pattern):
+                return False
+            i += 2
+        elif char == "[":
+            end = pattern.find("]", i + 2)
+            body = pattern[i + 1:end]
+            if end < 0 or "\\" in body or "[" in body or not (body.isascii() and body.isprintable()):
+                return False
+            i = end + 1
+        elif pattern.startswith("(?", i):
+            if not pattern.startswith("(?:", i):
+                return False
+            i += 3
+        elif char == "." or not (char.isascii() and char.isprintable()):
+            return False
+        else:
+            i += 1
+    return True
+
+
+def _patterns(node: Any) -> Iterator[str]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "pattern" and isinstance(value, str):
+                yield value
+            else:
+                yield from _patterns(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _patterns(item)
+
+
+def _format_function(check: Any, raises: Any) -> Any:
+    def conforms(instance: str) -> bool:
+        try:
+            return bool(check(instance))
+        except raises:
+            return False
+    return conforms
+
+
+class FastValidator:
+    """``validator(ref)``'s verdicts at compiled speed, for hot paths (the daemon checks every inbound frame).
+
+    jsonschema-rs decides "valid"; an instance it refuses is handed to ``validator(ref)``, which alone reports the
+    errors, so error messages are the reference validator's. jsonschema-rs is given the reference validator's own
+    format functions, and it is used only when every ``pattern`` of every schema is portable (ECMA-262 and Rust
+    read it alike, E-30); otherwise every instance goes to the reference validator.
+    """
+
+    def __init__(self, ref: str, spec_dir: Path = SPEC_DIR):
+        self.reference = validator(ref, spec_dir)
+        self._fast = None
+        documents = [load_json(path) for path in _schema_files(spec_dir)]
+        if all(portable_pattern(pattern) for document in documents for pattern in _patterns(document)):
+            formats = {name: _format_function(check, raises)
+                       for name, (check, raises) in FormatChecker().checkers.items()}
+            registry = jsonschema_rs.Registry([(d["$id"], d) for d in documents if isinstance(d, dict) and "$id" in d])
+            self._fast = jsonschema_rs.Draft202012Validator(schema(ref, spec_dir), registry=registry,
+                                                            validate_formats=True, formats=formats)
+
+    def iter_errors(self, instance: Any) -> Iterator[ValidationError]:
+        """The reference validator's errors (none for a valid instance)."""
+        if self._fast is not None and self._fast.is_valid(instance):
+            return iter(())
+        return self.reference.iter_errors(instance)
+
+    def is_valid(self, instance: Any) -> bool:
+        return next(self.iter_errors(instance), None) is None
+
+
+@functools.cache
+def fast_validator(ref: str, spec_dir: Path = SPEC_DIR) -> FastValidator:
+    """A ``FastValidator`` for the schema named ``group/name`` (same verdicts and errors as ``validator``)."""
+    return FastValidator(ref, spec_dir)

@@ -399,14 +399,14 @@ def _permanent_4xx_retried(p: Patcher) -> None:
 def _status_less_ack_is_success(p: Patcher) -> None:
     from reference.daemon import link
 
-    original = link.BrokerLink._on_ack
+    original = link.BrokerLink._on_acks
 
-    def _on_ack(self, frame):
-        if "status" not in frame:
-            frame = {**{k: v for k, v in frame.items() if k != "_invalid"}, "status": 201}
-        return original(self, frame)
+    def _on_acks(self, frames):
+        return original(self, [frame if "status" in frame else
+                               {**{k: v for k, v in frame.items() if k != "_invalid"}, "status": 201}
+                               for frame in frames])
 
-    p.set(link.BrokerLink, "_on_ack", _on_ack)
+    p.set(link.BrokerLink, "_on_acks", _on_acks)
 
 
 @mutant("late-ack-ignored", "an ack for a row no longer awaiting one (it timed out back to pending) is dropped",
@@ -414,14 +414,13 @@ def _status_less_ack_is_success(p: Patcher) -> None:
 def _late_ack_ignored(p: Patcher) -> None:
     from reference.daemon import link
 
-    original = link.BrokerLink._on_ack
+    original = link.BrokerLink._on_acks
 
-    def _on_ack(self, frame):
-        if (frame.get("client_message_id") or frame.get("id")) not in self._deadlines:
-            return None
-        return original(self, frame)
+    def _on_acks(self, frames):
+        return original(self, [frame for frame in frames
+                               if (frame.get("client_message_id") or frame.get("id")) in self._deadlines])
 
-    p.set(link.BrokerLink, "_on_ack", _on_ack)
+    p.set(link.BrokerLink, "_on_acks", _on_acks)
 
 
 @mutant("retry-rederives-request",
@@ -561,7 +560,7 @@ def _no_frame_validation(p: Patcher) -> None:
         def iter_errors(self, instance):
             return iter(())
 
-    p.set(link, "validator", lambda name: AcceptsAnything())
+    p.set(link, "fast_validator", lambda name: AcceptsAnything())
 
 
 @mutant("inbox-topic-filter-ignored", "GET /v1/inbox?topic= returns every topic", kills=("INBOX-FILTERS",))

@@ -10,7 +10,7 @@ the payload are never touched after ``accept`` (§4.8: frozen for the row's life
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ._tables import DecisionTable, TableError, spec_table
@@ -127,6 +127,23 @@ def new_row(
 def is_expired(row: OutboxRow, now: int) -> bool:
     """True when ``now`` is past the row's max age (E-14)."""
     return row.max_age_at is not None and now > row.max_age_at
+
+
+_ROW_FIELDS = frozenset(f.name for f in fields(OutboxRow))
+
+
+def replace(row: OutboxRow, **changes: Any) -> OutboxRow:
+    """``dataclasses.replace`` for rows, without re-running ``__init__`` (it checks nothing for ``OutboxRow``).
+
+    ``dataclasses.replace`` walks every field on each call; the drain loop replaces rows several times per message.
+    """
+    unknown = changes.keys() - _ROW_FIELDS
+    if unknown:
+        raise TypeError(f"OutboxRow has no field {sorted(unknown)[0]!r}")
+    copy = object.__new__(OutboxRow)
+    copy.__dict__.update(row.__dict__)
+    copy.__dict__.update(changes)
+    return copy
 
 
 # Data effects: how each named effect changes the row. Effects not listed here are IO the caller performs.

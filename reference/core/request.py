@@ -6,6 +6,7 @@ validated request with every default applied, ready for the fingerprint and the 
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Mapping
@@ -56,10 +57,21 @@ class SendRequest:
         )
 
     def fingerprint(self) -> bytes:
-        return request_fingerprint(self.fingerprint_input())
+        """The request fingerprint (computed once per request)."""
+        return self._fingerprint
 
     def payload(self) -> bytes:
-        """The bytes stored in ``outbox.payload``: what the drain loop re-sends on every attempt."""
+        """The bytes stored in ``outbox.payload``: what the drain loop re-sends on every attempt (computed once)."""
+        return self._payload
+
+    # cached_property writes the instance __dict__ directly, so it works on a frozen dataclass; not a field, so it
+    # takes no part in equality or hashing.
+    @functools.cached_property
+    def _fingerprint(self) -> bytes:
+        return request_fingerprint(self.fingerprint_input())
+
+    @functools.cached_property
+    def _payload(self) -> bytes:
         document = {
             "to": self.to,
             "destination_kind": self.destination_kind,

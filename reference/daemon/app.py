@@ -129,10 +129,9 @@ class Health:
         self.ctx = ctx
 
     def on_get(self, req, resp):
-        counts = self.ctx.outbox.counts()
+        counts, oldest = self.ctx.outbox.health()
         state = self.ctx.link.state
         connected = state.status == "open"
-        oldest = self.ctx.outbox.oldest_pending_enqueued_at()
         lag_ms = None if oldest is None else max(0, int(self.ctx.clock() * 1000) - oldest)
         _send_json(resp, 200, {
             "ok": connected and not self.ctx.draining.is_set(), "connected": connected, "lag_ms": lag_ms,
@@ -179,6 +178,7 @@ class Send:
             raise Problem(exc.code, exc.detail,
                           invalid_params=[{"name": n, "reason": r} for n, r in exc.invalid_params] or None) from exc
         cmid = request.client_message_id or self.ctx.mint_id()
+        request.fingerprint(), request.payload()  # computed here, in parallel, not on the one committer thread
         decision, _ = self.ctx.committer.submit((request, cmid, self.ctx.mint_id(), int(self.ctx.clock() * 1000)))
         if decision.is_conflict:
             extensions = {k: v for k, v in decision.body.items() if k != "error"}

@@ -24,6 +24,7 @@ import logging
 import os
 import queue
 import random
+import select
 import socket
 import threading
 import time
@@ -37,7 +38,7 @@ import websocket
 from reference.core import OutboxEvent, TransitionError, maxage, negotiate
 from reference.core.features import CloseReason
 from reference.core.request import load_payload
-from spec import SPEC_VERSION, validator
+from spec import SPEC_VERSION, fast_validator
 
 from .identity import Keypair, hello_signature_payload
 
@@ -45,6 +46,8 @@ log = logging.getLogger("meshd.link")
 CLOSE_FEATURE_UNAVAILABLE = 4010
 EXIT_NEGOTIATION = 10
 EXIT_CONFIG = 3
+DISPATCH_BATCH = 256  # due rows claimed per drain transaction
+MAX_FRAMES_PER_TURN = 256  # inbound frames read before the loop drains and checks timeouts again
 
 
 class BrokerUnavailable(Exception):
@@ -139,14 +142,15 @@ class BrokerLink(threading.Thread):
         self._requests: queue.Queue = queue.Queue()
         self._pending_requests: dict[str, Future] = {}
         self._deadlines: dict[str, float] = {}
-        self._frame_check = validator("broker/frame#/$defs/broker_to_daemon")
+        self._frame_check = fast_validator("broker/frame#/$defs/broker_to_daemon")
         self._request_seq = 0
         self._request_lock = threading.Lock()
 
     # --- called from IPC threads ---------------------------------------------------------------------------
     def wake(self) -> None:
         """A row was accepted: dispatch without waiting for the next tick."""
-        self._wake.set()
+        if not self._wake.is_set():  # Event.set takes a Condition even when set; this runs on every accept
+            self._wake.set()
 
     def request_peers(self, timeout: float) -> list[dict[str, Any]]:
         """Ask the broker for its peer list (GET /v1/peers)."""
@@ -234,7 +238,10 @@ class BrokerLink(threading.Thread):
         if not url:
             raise ValueError("broker.url is not configured")
         timeout = float(self.config["broker"]["hello_timeout_s"])
-        return websocket.create_connection(url, timeout=timeout, enable_multithread=False)
+        # skip_utf8_validation: websocket-client's own check walks every byte in Python (~100 us per ack frame). Text
+        # frames are still refused unless they are UTF-8: recv() decodes them strictly, and the UnicodeDecodeError
+        # (a ValueError) ends the connection in run() exactly as the validator's WebSocketPayloadException did.
+        return websocket.create_connection(url, timeout=timeout, enable_multithread=False, skip_utf8_validation=True)
 
     def _handshake(self, ws: websocket.WebSocket) -> None:
         timestamp = int(self.clock() * 1000)
@@ -310,13 +317,35 @@ class BrokerLink(threading.Thread):
                 raw = ws.recv()
             except websocket.WebSocketTimeoutException:
                 continue
-            frame = self._parse(raw)
-            if frame is not None:
+            # Frames are handled in arrival order; a run of consecutive acks is applied in one transaction.
+            acks: list[dict[str, Any]] = []
+            for index in range(MAX_FRAMES_PER_TURN):
+                if index and not _readable(ws):
+                    break
+                frame = self._parse(raw if index == 0 else ws.recv())
+                if frame is None:
+                    continue
+                if frame.get("type") == "ack":
+                    acks.append(frame)
+                    continue
+                self._on_acks(acks)
+                acks = []
                 self._handle(ws, frame)
+            self._on_acks(acks)
 
     # --- frames --------------------------------------------------------------------------------------------
     def _send(self, ws: websocket.WebSocket, frame: dict[str, Any]) -> None:
         ws.send(json.dumps(frame, separators=(",", ":"), ensure_ascii=False))
+
+    def _send_many(self, ws: websocket.WebSocket, frames: list[dict[str, Any]]) -> None:
+        """Send text frames (each masked by websocket-client, as ``ws.send`` would) in one write, not one each."""
+        data = b"".join(websocket.ABNF.create_frame(json.dumps(frame, separators=(",", ":"), ensure_ascii=False),
+                                                    websocket.ABNF.OPCODE_TEXT).format() for frame in frames)
+        ws.sock.settimeout(float(self.config["broker"]["request_timeout_s"]))  # a whole batch, not one recv tick
+        try:
+            ws.sock.sendall(data)
+        finally:
+            ws.sock.settimeout(self.tick_s)
 
     def _parse(self, raw: Any) -> dict[str, Any] | None:
         if isinstance(raw, bytes):
@@ -347,7 +376,7 @@ class BrokerLink(threading.Thread):
     def _handle(self, ws: websocket.WebSocket, frame: dict[str, Any]) -> None:
         kind = frame.get("type")
         if kind == "ack":
-            self._on_ack(frame)
+            self._on_acks([frame])
         elif kind == "push":
             self._on_push(ws, frame)
         elif kind == "peers_list":
@@ -361,27 +390,32 @@ class BrokerLink(threading.Thread):
         else:
             log.info("ignoring %s frame", kind)
 
-    def _on_ack(self, frame: dict[str, Any]) -> None:
-        cmid = frame.get("client_message_id") or frame.get("id")
-        if frame.get("_invalid"):
-            self._invalid(f"ack for {cmid}: {frame['_invalid']}")
-            event, error = "ack_failed", f"invalid ack: {frame['_invalid']}"
-        else:
-            event, error = ack_event(frame)
-        self._deadlines.pop(cmid, None)
+    def _on_acks(self, frames: list[dict[str, Any]]) -> None:
+        """Apply each ack's outbox event (E-10), in order, in one transaction; the core's table decides (E-17)."""
+        if not frames:
+            return
         now = self._now_ms()
-        self.state.last_ack_ms = now
-        try:
-            result = self.outbox.transition(cmid, by="client_message_id", event=OutboxEvent(
+        changes = []
+        for frame in frames:
+            cmid = frame.get("client_message_id") or frame.get("id")
+            if frame.get("_invalid"):
+                self._invalid(f"ack for {cmid}: {frame['_invalid']}")
+                event, error = "ack_failed", f"invalid ack: {frame['_invalid']}"
+            else:
+                event, error = ack_event(frame)
+            self._deadlines.pop(cmid, None)
+            changes.append((cmid, OutboxEvent(
                 event, now=now, broker_message_id=frame.get("broker_message_id") or frame.get("messageId") or None,
-                history_id=frame.get("history_id"), error=error, jitter_unit=self._jitter()))
-        except (KeyError, LookupError):
-            log.warning("ack for unknown client_message_id %s", cmid)
-            return
-        except TransitionError as exc:
-            log.error("%s", exc)
-            return
-        self._perform(result)
+                history_id=frame.get("history_id"), error=error, jitter_unit=self._jitter())))
+        self.state.last_ack_ms = now
+        for (cmid, _), result in zip(changes, self.outbox.transition_many(changes, by="client_message_id"),
+                                     strict=True):
+            if isinstance(result, LookupError):
+                log.warning("ack for unknown client_message_id %s", cmid)
+            elif isinstance(result, TransitionError):
+                log.error("%s", result)
+            else:
+                self._perform(result)
 
     def _on_push(self, ws: websocket.WebSocket, frame: dict[str, Any]) -> None:
         if frame.get("subtype") == "system":
@@ -407,23 +441,31 @@ class BrokerLink(threading.Thread):
 
     # --- outbox --------------------------------------------------------------------------------------------
     def _drain(self, ws: websocket.WebSocket) -> None:
-        now = self._now_ms()
-        for result in self.outbox.expire(now):
+        """Expire, then claim due rows (committed ``inflight`` in one transaction) and only then send their frames."""
+        expired, dispatched = self.outbox.drain(self._now_ms(), DISPATCH_BATCH)
+        for result in expired:
             self._perform(result)
-        for row in self.outbox.due(now, 32):
-            result = self.outbox.transition(row.id, OutboxEvent("dispatch", now=now), by="id")
-            if result.outcome != "transition":
-                continue
-            self._deadlines[row.client_message_id] = time.monotonic() + float(self.config["outbox"]["ack_timeout_s"])
-            self._send(ws, send_frame(result.after))
-            self._count("send_total")
+        sent = [result.after for result in dispatched if result.outcome == "transition"]
+        deadline = time.monotonic() + float(self.config["outbox"]["ack_timeout_s"])
+        for row in sent:  # armed before any frame goes out: a link lost mid-way returns every claimed row
+            self._deadlines.pop(row.client_message_id, None)  # (re)armed at the end: deadlines stay in time order
+            self._deadlines[row.client_message_id] = deadline
+        if sent:
+            self._send_many(ws, [send_frame(row) for row in sent])
+            self._count("send_total", len(sent))
 
     def _check_timeouts(self) -> None:
+        # Deadlines are armed in time order with one ack_timeout_s, and a dict keeps insertion order, so the expired
+        # ones are a prefix: this runs every turn, and must not scan every inflight row each time.
         now = time.monotonic()
-        for cmid, deadline in list(self._deadlines.items()):
-            if deadline <= now:
-                self._deadlines.pop(cmid, None)
-                self._retry(cmid, "ack_timeout", "no ack within ack_timeout_s")
+        expired = []
+        for cmid, deadline in self._deadlines.items():
+            if deadline > now:
+                break
+            expired.append(cmid)
+        for cmid in expired:
+            self._deadlines.pop(cmid, None)
+            self._retry(cmid, "ack_timeout", "no ack within ack_timeout_s")
 
     def _lose_inflight(self) -> None:
         for cmid in list(self._deadlines):
@@ -512,6 +554,13 @@ def send_frame(row: Any) -> dict[str, Any]:
         "body": payload["message"],
         "targetSpec": payload["to"],
     }
+
+
+def _readable(ws: websocket.WebSocket) -> bool:
+    """Whether the link's socket has bytes waiting (so ``recv`` returns without waiting for the broker)."""
+    poller = select.poll()
+    poller.register(ws.sock, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def _close_quietly(ws: websocket.WebSocket, code: int, reason: str) -> None:

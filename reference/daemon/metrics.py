@@ -27,6 +27,7 @@ class DaemonMetrics:
         self.requests = Counter("cm_daemon_ipc_request_total", "IPC requests", ["endpoint", "status", "transport"],
                                 registry=r)
         self.duration = Histogram("cm_daemon_ipc_duration_seconds", "IPC request duration", ["endpoint"], registry=r)
+        self._ipc_children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
         self.outbox = outbox
         self.link = link
         r.register(_StoreCollector(self))
@@ -41,8 +42,14 @@ class DaemonMetrics:
             self.counters[name].inc(value or 1)
 
     def ipc(self, endpoint: str, status: str, transport: str, seconds: float) -> None:
-        self.requests.labels(endpoint, status, transport).inc()
-        self.duration.labels(endpoint).observe(seconds)
+        # Every request lands here: the labelled children are looked up once per label set, not on each call.
+        key = (endpoint, status, transport)
+        children = self._ipc_children.get(key)
+        if children is None:
+            children = self._ipc_children.setdefault(
+                key, (self.requests.labels(endpoint, status, transport), self.duration.labels(endpoint)))
+        children[0].inc()
+        children[1].observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

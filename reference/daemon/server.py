@@ -13,13 +13,16 @@ from __future__ import annotations
 import json
 import logging
 import os
+import select
 import signal
 import socket
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from gunicorn.app.base import BaseApplication
+from gunicorn.workers.gthread import ThreadWorker
 
 log = logging.getLogger("meshd")
 EXIT_REASON = "exit_reason.json"
@@ -35,6 +38,54 @@ class TransportTag:
         sock = environ.get("gunicorn.socket")
         environ["meshd.transport"] = "unix" if sock is not None and sock.family == socket.AF_UNIX else "tcp"
         return self.app(environ, start_response)
+
+
+class LingeringThreadWorker(ThreadWorker):
+    """gunicorn's gthread worker, except that a kept-alive connection stays on its thread while requests keep coming.
+
+    gthread hands every kept-alive connection back to the main thread's poller after each answer, and the next
+    request then travels poller -> thread pool -> future callback -> pipe -> poller: three thread hand-offs and half a
+    dozen syscalls per request, which cost more CPU than the daemon spends answering a health check. Here the thread
+    that answered waits up to ``LINGER_S`` for the connection's next request and serves it itself. It stops lingering
+    (and the connection goes back to the poller, exactly as in gthread) when the connection falls quiet, when the
+    worker is stopping, after ``MAX_TURNS`` requests in a row, or as soon as other work waits for a thread, so a busy
+    connection never keeps a thread from a new one and long event streams still get threads of their own.
+    """
+
+    LINGER_S = 0.01
+    MAX_TURNS = 256
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._waiting = 0  # connections submitted to the pool that no thread has picked up yet
+        self._waiting_lock = threading.Lock()
+
+    def enqueue_req(self, conn: Any) -> None:
+        with self._waiting_lock:
+            self._waiting += 1
+        super().enqueue_req(conn)
+
+    def handle(self, conn: Any) -> Any:
+        with self._waiting_lock:
+            self._waiting -= 1
+        keepalive = super().handle(conn)
+        turns = 1
+        while keepalive is True and turns < self.MAX_TURNS and self.alive and not self._waiting:
+            if not (conn.parser.unreader.buf.getvalue() or _readable(conn.sock, self.LINGER_S)):
+                break
+            keepalive = super().handle(conn)
+            turns += 1
+        return keepalive
+
+
+def _readable(sock: socket.socket, timeout: float) -> bool:
+    """Whether ``sock`` has data (or EOF) within ``timeout`` seconds."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    try:
+        return bool(poller.poll(timeout * 1000))
+    except OSError:
+        return False
 
 
 class DaemonServer(BaseApplication):
@@ -56,7 +107,7 @@ class DaemonServer(BaseApplication):
         settings = {
             "bind": binds,
             "workers": 1,
-            "worker_class": "gthread",
+            "worker_class": LingeringThreadWorker,
             "threads": int(ipc["threads"]),
             "umask": 0o077,
             "timeout": 30,

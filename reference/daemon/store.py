@@ -50,6 +50,7 @@ from reference.core import (
     OutboxRow,
     SendRequest,
     Transition,
+    TransitionError,
     accepted,
     apply,
     decide_send,
@@ -405,13 +406,11 @@ _OUTBOX_SELECT = f"SELECT {', '.join(_OUTBOX_COLUMNS)} FROM outbox"
 _OUTBOX_INSERT = (
     f"INSERT INTO outbox ({', '.join(_OUTBOX_COLUMNS)}) VALUES ({', '.join(':' + c for c in _OUTBOX_COLUMNS)})"
 )
-_OUTBOX_UPDATE = (
-    "UPDATE outbox SET "
-    + ", ".join(f"{c} = :{c}" for c in _OUTBOX_COLUMNS if c != "id")
-    + " WHERE id = :id"
-)
 _OUTBOX_CURSOR = re.compile(r"o1:(\d{1,19}):(.+)", re.DOTALL)
 _KEY_COLUMNS = {"id": "id", "client_message_id": "client_message_id"}
+_DUE_WHERE = "status = 'pending' AND next_attempt_at <= ?"
+_DUE_ORDER = "ORDER BY next_attempt_at, enqueued_at, id"
+_EXPIRED_WHERE = "status = 'pending' AND max_age_at IS NOT NULL AND max_age_at < ?"
 
 
 def _outbox_row(values: Sequence[Any]) -> OutboxRow:
@@ -433,9 +432,17 @@ def _outbox_insert_many(count: int) -> str:
 
 
 @functools.cache
-def _outbox_select_many(count: int) -> str:
-    """The rows bound to any of ``count`` client_message_ids."""
-    return f"{_OUTBOX_SELECT} WHERE client_message_id IN ({', '.join('?' * count)})"
+def _outbox_select_many(column: str, count: int) -> str:
+    """The rows whose ``column`` is any of ``count`` values."""
+    return f"{_OUTBOX_SELECT} WHERE {column} IN ({', '.join('?' * count)})"
+
+
+@functools.cache
+def _outbox_update(columns: tuple[str, ...]) -> str:
+    """``UPDATE`` of just these columns: SQLite then maintains only the indexes that cover them."""
+    if not columns:
+        return "UPDATE outbox SET id = id WHERE id = :id"  # still proves the row exists (rowcount 1)
+    return "UPDATE outbox SET " + ", ".join(f"{c} = :{c}" for c in columns) + " WHERE id = :id"
 
 
 def _outbox_params(row: OutboxRow) -> dict[str, Any]:
@@ -514,7 +521,7 @@ class OutboxStore(_SqliteStore):
         with self._transaction(traced) as conn:
             # Few statements per batch, not two per item: each one hands the GIL over, and under load getting it
             # back is what a request waits for. ``rows`` is what a sequential SELECT would see at each item.
-            rows = self._load_by_client_message_ids(conn, {item.client_message_id for item in prepared})
+            rows = self._load_many(conn, "client_message_id", {item.client_message_id for item in prepared})
             inserts: list[OutboxRow] = []
             for item in prepared:
                 existing = rows.get(item.client_message_id)
@@ -540,14 +547,15 @@ class OutboxStore(_SqliteStore):
                          item.request.payload())
 
     @staticmethod
-    def _load_by_client_message_ids(conn: sqlite3.Connection, keys: builtins.set[str]) -> dict[str, OutboxRow]:
+    def _load_many(conn: sqlite3.Connection, column: str, keys: builtins.set[str]) -> dict[str, OutboxRow]:
+        """The rows whose ``column`` (``id`` or ``client_message_id``) is one of ``keys``, by that key."""
         found: dict[str, OutboxRow] = {}
         ordered = sorted(keys)
         for start in range(0, len(ordered), _ROWS_PER_STATEMENT):
             chunk = ordered[start:start + _ROWS_PER_STATEMENT]
-            for values in conn.execute(_outbox_select_many(len(chunk)), chunk).fetchall():
+            for values in conn.execute(_outbox_select_many(_KEY_COLUMNS[column], len(chunk)), chunk).fetchall():
                 row = _outbox_row(values)
-                found[row.client_message_id] = row
+                found[getattr(row, column)] = row
         return found
 
     # --- reads ---------------------------------------------------------------------------------------------------
@@ -573,6 +581,18 @@ class OutboxStore(_SqliteStore):
             found = dict(conn.execute("SELECT status, count(*) FROM outbox GROUP BY status").fetchall())
         return {state: int(found.get(state, 0)) for state in STATES}
 
+    def health(self) -> tuple[dict[str, int], int | None]:
+        """``counts()`` and ``oldest_pending_enqueued_at()`` from one read (one statement, one snapshot)."""
+        with self._reading() as conn:
+            found = conn.execute("SELECT status, count(*), min(enqueued_at) FROM outbox GROUP BY status").fetchall()
+        counts = {state: 0 for state in STATES}
+        oldest = None
+        for status, count, first in found:
+            counts[status] = int(count)
+            if status == "pending":
+                oldest = first
+        return counts, oldest
+
     def oldest_pending_enqueued_at(self) -> int | None:
         """``enqueued_at`` of the oldest pending row (for /v1/health ``lag_ms``), ``None`` when none is pending."""
         with self._reading() as conn:
@@ -582,11 +602,8 @@ class OutboxStore(_SqliteStore):
     def due(self, now_ms: int, limit: int = 32) -> list[OutboxRow]:
         """Pending rows with ``next_attempt_at <= now_ms``, oldest first (by ``next_attempt_at``, then enqueue)."""
         with self._reading() as conn:
-            found = conn.execute(
-                f"{_OUTBOX_SELECT} WHERE status = 'pending' AND next_attempt_at <= ?"
-                " ORDER BY next_attempt_at, enqueued_at, id LIMIT ?",
-                (now_ms, limit),
-            ).fetchall()
+            found = conn.execute(f"{_OUTBOX_SELECT} WHERE {_DUE_WHERE} {_DUE_ORDER} LIMIT ?",
+                                 (now_ms, limit)).fetchall()
         return [_outbox_row(r) for r in found]
 
     # --- lifecycle -----------------------------------------------------------------------------------------------
@@ -611,6 +628,68 @@ class OutboxStore(_SqliteStore):
             traced.append(result)
         return result
 
+    def transition_many(self, changes: Sequence[tuple[str, OutboxEvent]], *, by: str
+                        ) -> builtins.list[Transition | OutboxRowNotFound | TransitionError]:
+        """Apply each ``(key, event)`` in order in ONE transaction, as consecutive ``transition`` calls would.
+
+        Each change sees the writes of the ones before it. A key without a row, or a pair the core refuses, takes its
+        exception's place in the result and writes nothing; the other changes go ahead. Any other failure (including
+        ``NewIdInUse``) rolls the whole batch back and is raised.
+        """
+        if by not in _KEY_COLUMNS:
+            raise ValueError("by must be 'id' or 'client_message_id'")
+        results: builtins.list[Transition | OutboxRowNotFound | TransitionError] = []
+        traced: builtins.list[Transition] = []
+        with self._transaction(traced) as conn:
+            rows = self._load_many(conn, by, {key for key, _ in changes})  # what each change would SELECT, kept current
+            for key, event in changes:
+                row = rows.get(key)
+                try:
+                    if row is None:
+                        raise OutboxRowNotFound(key)
+                    result = apply(row, event, self.policy)
+                except (OutboxRowNotFound, TransitionError) as exc:
+                    results.append(exc)
+                    continue
+                if result.outcome == "transition":
+                    self._persist(conn, result)
+                    for written in (result.after, result.successor):
+                        if written is not None:
+                            rows[getattr(written, by)] = written
+                traced.append(result)
+                results.append(result)
+        return results
+
+    def drain(self, now_ms: int, limit: int) -> tuple[builtins.list[Transition], builtins.list[Transition]]:
+        """The drain loop's write, in ONE transaction: ``expire`` (E-14), then ``dispatch`` up to ``limit`` due rows.
+
+        Returns (the expiry transitions, the dispatch transitions), as ``expire`` followed by ``transition(row.id,
+        dispatch)`` for each row of ``due(now_ms, limit)`` would; every dispatched row is ``inflight`` on return, so
+        its frame may be sent.
+        """
+        expired: builtins.list[Transition] = []
+        dispatched: builtins.list[Transition] = []
+        traced: builtins.list[Transition] = []
+        with self._transaction(traced) as conn:
+            expiry = OutboxEvent("max_age_exceeded", now_ms)
+            for values in conn.execute(f"{_OUTBOX_SELECT} WHERE {_EXPIRED_WHERE} ORDER BY enqueued_at, id",
+                                       (now_ms,)).fetchall():
+                row = _outbox_row(values)
+                if is_expired(row, now_ms):
+                    result = apply(row, expiry, self.policy)
+                    if result.outcome == "transition":
+                        self._persist(conn, result)
+                    expired.append(result)
+            dispatch = OutboxEvent("dispatch", now=now_ms)
+            for values in conn.execute(f"{_OUTBOX_SELECT} WHERE {_DUE_WHERE} {_DUE_ORDER} LIMIT ?",
+                                       (now_ms, limit)).fetchall():
+                result = apply(_outbox_row(values), dispatch, self.policy)
+                if result.outcome == "transition":
+                    self._persist(conn, result)
+                dispatched.append(result)
+            traced += expired + dispatched
+        return expired, dispatched
+
     def _resolve(self, conn: sqlite3.Connection, key: str, by: str | None) -> OutboxRow:
         if by is not None:
             if by not in _KEY_COLUMNS:
@@ -632,8 +711,11 @@ class OutboxStore(_SqliteStore):
             holder = self._load(conn, "client_message_id", successor.client_message_id)
             if holder is not None:
                 raise NewIdInUse(successor.client_message_id, holder.id)
-        assert result.after is not None
-        if conn.execute(_OUTBOX_UPDATE, _outbox_params(result.after)).rowcount != 1:
+        after = result.after
+        assert after is not None
+        before = result.before.__dict__ if result.before is not None and result.before.id == after.id else {}
+        changed = tuple(c for c in _OUTBOX_COLUMNS if c != "id" and (c not in before or before[c] != after.__dict__[c]))
+        if conn.execute(_outbox_update(changed), {c: after.__dict__[c] for c in ("id", *changed)}).rowcount != 1:
             raise StoreError(f"outbox row {result.after.id!r} vanished inside its transaction")
         if successor is not None:
             conn.execute(_OUTBOX_INSERT, _outbox_params(successor))
@@ -672,7 +754,7 @@ class OutboxStore(_SqliteStore):
 
     def expire(self, now_ms: int) -> list[Transition]:
         """Every pending row past its max age goes ``dead`` (``max_age_exceeded``, E-14), in one transaction."""
-        return self._apply_each("status = 'pending' AND max_age_at IS NOT NULL AND max_age_at < ?", (now_ms,),
+        return self._apply_each(_EXPIRED_WHERE, (now_ms,),
                                 OutboxEvent("max_age_exceeded", now_ms), keep=lambda row: is_expired(row, now_ms))
 
     def recover(self, now_ms: int) -> list[Transition]:

@@ -389,6 +389,15 @@ def test_counts_and_get(outbox):
     assert outbox.get("01NOPE") is None and outbox.get_by_client_message_id("nope") is None
 
 
+def test_health_is_counts_and_oldest_pending_in_one_read(outbox):
+    assert outbox.health() == (dict.fromkeys(STATES, 0), None)
+    row_in_state(outbox, "done", "cm-done")
+    accept_new(outbox, "cm-late", now=T0 + 50)
+    accept_new(outbox, "cm-early", now=T0 + 10)
+    assert outbox.health() == (outbox.counts(), outbox.oldest_pending_enqueued_at()) == (
+        {"pending": 2, "inflight": 0, "done": 1, "dead": 0, "aborted": 0}, T0 + 10)
+
+
 def test_due_is_pending_and_due_oldest_first(outbox):
     late = accept_new(outbox, "cm-late", now=T0 + 50)
     early = accept_new(outbox, "cm-early", now=T0 + 10)
@@ -581,6 +590,75 @@ def test_expire_moves_only_expired_pending_rows_to_dead(tmp_path):
         assert results[0].effects == ("emit_outbox_dead",)
         assert store.get(boundary.id).status == store.get(young.id).status == "pending"
         assert store.get(flying.id).status == "inflight"  # never aged out while its ack may arrive (E-14)
+
+
+def test_transition_many_is_consecutive_transitions_in_one_commit(tmp_path):
+    """The drain loop's batched acks: the same rows, results and errors as one ``transition`` call per change."""
+    stores = [OutboxStore(tmp_path / f"{name}.db", POLICY) for name in ("one", "many")]
+    try:
+        for store in stores:
+            for cmid in ("cm-a", "cm-b", "cm-c"):
+                store.accept(send(), cmid, f"01ROW-{cmid}", T0)
+                store.transition(cmid, event("dispatch"), by="client_message_id")
+            store.accept(send(), "cm-d", "01ROW-cm-d", T0)
+        changes = [
+            ("cm-a", event("ack_created", broker_message_id="01BA", history_id="h-a")),
+            ("cm-a", event("ack_created", broker_message_id="01BA2", history_id="h-a2")),  # late: sees the first
+            ("cm-nope", event("ack_created", broker_message_id="01BN", history_id="h-n")),  # no row
+            ("cm-b", event("ack_failed", error="503 busy", jitter_unit=0.5)),
+            ("cm-b", event("dispatch")),  # pending again after the failure: dispatched again
+            ("cm-c", event("ack_rejected", error="rejected: 403")),
+            ("cm-d", event("requeue", successor_id="01ROW-cm-d2", successor_client_message_id="cm-d2")),
+            ("cm-d2", event("dispatch")),  # the successor the requeue inserted
+            ("cm-d", event("dispatch")),  # aborted now: refused
+        ]
+        one, many = stores
+        expected = []
+        for key, change in changes:
+            try:
+                expected.append(one.transition(key, change, by="client_message_id"))
+            except (OutboxRowNotFound, TransitionError) as exc:
+                expected.append(type(exc))
+        got = many.transition_many(changes, by="client_message_id")
+        assert [r if isinstance(r, store_module.Transition) else type(r) for r in got] == expected
+        assert all_rows(many.path) == all_rows(one.path)
+    finally:
+        for store in stores:
+            store.close()
+
+
+def test_transition_many_rolls_back_on_a_store_error(outbox):
+    first = accept_new(outbox, "cm-1")
+    second = accept_new(outbox, "cm-2")
+    taken = accept_new(outbox, "cm-taken")
+    rows_before = all_rows(outbox.path)
+    requeue = event("requeue", actor="operator", successor_id=new_id(), successor_client_message_id="cm-taken")
+    with pytest.raises(NewIdInUse):
+        outbox.transition_many([(first.id, event("dispatch")), (second.id, requeue)], by="id")
+    assert all_rows(outbox.path) == rows_before
+    assert outbox.get(taken.id) == taken
+
+
+def test_drain_is_expire_then_dispatch_of_the_due_rows(tmp_path):
+    policy = replace(POLICY, max_age_hours=1)
+    with OutboxStore(tmp_path / "a.db", policy) as batched, OutboxStore(tmp_path / "b.db", policy) as single:
+        for store in (batched, single):
+            for cmid, enqueued_at in (("cm-old", T0), ("cm-due-1", T0 + 30 * 60_000), ("cm-due-2", T0 + 31 * 60_000),
+                                      ("cm-due-3", T0 + 32 * 60_000), ("cm-future", T0 + 5 * HOUR)):
+                store.accept(send(), cmid, f"01ROW-{cmid}", enqueued_at)
+            store.transition("cm-due-3", event("dispatch"), by="client_message_id")
+        now = T0 + HOUR + 1
+        expected_expired = single.expire(now)
+        expected_dispatched = [single.transition(row.id, OutboxEvent("dispatch", now=now), by="id")
+                               for row in single.due(now, 1)]
+        expired, dispatched = batched.drain(now, 1)
+        assert expired == expected_expired and [r.after.client_message_id for r in expired] == ["cm-old"]
+        assert dispatched == expected_dispatched
+        assert [r.after.client_message_id for r in dispatched] == ["cm-due-1"]
+        assert all_rows(batched.path) == all_rows(single.path)
+        _, rest = batched.drain(now, 10)
+        assert [r.after.client_message_id for r in rest] == ["cm-due-2"]  # cm-due-3 is inflight, cm-future not due
+        assert batched.drain(now, 10) == ([], [])
 
 
 def test_cap_max_age_lowers_live_rows_and_sets_new_rows(tmp_path):
