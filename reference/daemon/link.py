@@ -26,6 +26,7 @@ import queue
 import random
 import select
 import socket
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -212,7 +213,9 @@ class BrokerLink(threading.Thread):
                 self.state.status = "closed"
                 self.on_fatal(fatal.code, fatal.reason)
                 return
-            except (OSError, websocket.WebSocketException, ValueError, TimeoutError) as exc:
+            except (OSError, websocket.WebSocketException, ValueError, TimeoutError, sqlite3.Error) as exc:
+                # A store error while serving (e.g. disk I/O during a batch of acks) is a link loss too: the rows
+                # it left inflight go back to pending below, and the link reconnects with backoff.
                 log.warning("broker_status status=closed reason=%s", exc)
                 if self.state.status == "open":
                     code = getattr(exc, "status_code", None)
@@ -403,13 +406,16 @@ class BrokerLink(threading.Thread):
                 event, error = "ack_failed", f"invalid ack: {frame['_invalid']}"
             else:
                 event, error = ack_event(frame)
-            self._deadlines.pop(cmid, None)
             changes.append((cmid, OutboxEvent(
                 event, now=now, broker_message_id=frame.get("broker_message_id") or frame.get("messageId") or None,
                 history_id=frame.get("history_id"), error=error, jitter_unit=self._jitter())))
         self.state.last_ack_ms = now
-        for (cmid, _), result in zip(changes, self.outbox.transition_many(changes, by="client_message_id"),
-                                     strict=True):
+        # The rows keep their ack deadlines until the batch has committed: if it raises, the link closes and
+        # _lose_inflight() returns every one of them to pending (link_lost).
+        results = self.outbox.transition_many(changes, by="client_message_id")
+        for cmid, _ in changes:
+            self._deadlines.pop(cmid, None)
+        for (cmid, _), result in zip(changes, results, strict=True):
             if isinstance(result, LookupError):
                 log.warning("ack for unknown client_message_id %s", cmid)
             elif isinstance(result, TransitionError):
