@@ -67,7 +67,11 @@ def schema_registry(spec_dir: Path = SPEC_DIR) -> Registry:
     for path in _schema_files(spec_dir):
         document = load_json(path)
         if isinstance(document, dict) and "$id" in document:
-            resources.append((document["$id"], Resource.from_contents(document, default_specification=DRAFT202012)))
+            # Every file is 2020-12 (the gate checks its `$schema`). The registry holds it without `$schema`: when
+            # a `$ref` enters a resource that names its dialect, jsonschema picks the stock validator class for it
+            # and the ECMA-262 `pattern` of SpecValidator (E-30) would be lost below that reference.
+            contents = {key: value for key, value in document.items() if key != "$schema"}
+            resources.append((document["$id"], Resource(contents, specification=DRAFT202012)))
     return Registry().with_resources(resources)
 
 

@@ -21,3 +21,18 @@ def test_pattern_translation_keeps_escapes_and_classes():
     assert ecma_pattern(r"^a\$[$]$").pattern == r"^a\$[$]\Z"
     assert ecma_pattern(r"^a\$[$]$").search("a$$")
     assert not ecma_pattern(r"^a$").search("a\n")
+
+
+def test_trailing_newline_is_refused_through_refs_into_other_schema_files():
+    """A `$ref` into another file (which declares its own `$schema`) keeps the ECMA-262 semantics: jsonschema would
+    otherwise switch to its stock validator class for the referenced resource."""
+    from test_wire_schemas import VALID
+
+    ack = next(example for ref, _, example in VALID if ref == "broker/ack")
+    assert validator("broker/frame#/$defs/broker_to_daemon").is_valid(ack)
+    for member in ("id", "client_message_id"):
+        if isinstance(ack.get(member), str):
+            bad = {**ack, member: ack[member] + "\n"}
+            assert not validator("broker/ack").is_valid(bad), member
+            assert not validator("broker/frame#/$defs/broker_to_daemon").is_valid(bad), member
+            assert not validator("broker/frame").is_valid(bad), member
