@@ -7,19 +7,42 @@ the member's older sessions, prefer_oldest refuses the newcomer, allow_concurren
 negotiation finished; only active sessions are listed, pushed to and announced. A member is announced (peer_joined)
 when its first session becomes active and its departure (peer_left) when its last session goes; a session replaced
 under prefer_newest goes silently, its successor carrying the member's presence on.
+
+Outbound frames (E-33). ``Session.send`` never writes to the socket: it queues the serialised frame and returns, and
+the session's own sender thread (started on the first send, ended when the connection ends) writes the queue in
+order. So a member that stops reading blocks only its own sender, never the accept writer or the database pool that
+push to everyone. A session whose queued bytes pass ``max_outbound_bytes`` counts as not reading: its queue is
+dropped and the connection closed with 1013 ``slow_consumer`` (what it had not acked is pushed again after the
+lease; what it sent unacked its daemon retries). Whoever closes a session after sending it frames calls
+``Session.close``, which flushes the queue (bounded) first.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import json
+import logging
+import socket
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.server import ServerConnection
 
+log = logging.getLogger("meshbroker")
+
 PROFILE_FIELDS = ("avatar", "title", "bio", "capabilities")
+#: unread outbound bytes a session may hold before the broker closes it as a slow consumer (E-33)
+MAX_OUTBOUND_BYTES = 8 * 2**20
+#: RFC 6455 1013 "Try Again Later", the close of a slow consumer (E-33)
+SLOW_CONSUMER = (1013, "slow_consumer")
+#: how long a close waits for the frames queued before it to be written
+FLUSH_S = 2.0
+#: how long a close frame may wait behind a write the peer does not read before the TCP connection is aborted
+CLOSE_GRACE_S = 5.0
 
 
 @dataclass(eq=False)
@@ -43,13 +66,101 @@ class Session:
     active: bool = False
     inflight: threading.BoundedSemaphore | None = None
 
+    max_outbound_bytes: int = MAX_OUTBOUND_BYTES
+    _outbound: collections.deque[bytes] = field(default_factory=collections.deque, init=False, repr=False)
+    _outbound_bytes: int = field(default=0, init=False, repr=False)
+    _outbound_closed: bool = field(default=False, init=False, repr=False)
+    _outbound_ready: threading.Condition = field(default_factory=threading.Condition, init=False, repr=False)
+    _sender: threading.Thread | None = field(default=None, init=False, repr=False)
+
     def send(self, frame: dict[str, Any]) -> bool:
-        """Write one frame; False when the connection is already closed (websockets serialises concurrent sends)."""
-        try:
-            self.conn.send(json.dumps(frame, separators=(",", ":"), ensure_ascii=False))
-        except ConnectionClosed:
+        """Queue one frame for this session's sender thread; False when the outbound side is closed (the connection
+        ended, or this frame made the session a slow consumer)."""
+        data = json.dumps(frame, separators=(",", ":"), ensure_ascii=False).encode()
+        with self._outbound_ready:
+            if self._outbound_closed:
+                return False
+            if self._outbound and self._outbound_bytes + len(data) > self.max_outbound_bytes:
+                queued = self._outbound_bytes
+                self._stop_outbound()
+                slow = True
+            else:
+                self._outbound.append(data)
+                self._outbound_bytes += len(data)
+                self._outbound_ready.notify_all()
+                slow = False
+                if self._sender is None:
+                    self._sender = threading.Thread(target=self._send_loop, daemon=True,
+                                                    name=f"meshbroker-sender-{self.session_id}")
+                    self._sender.start()
+        if slow:
+            log.warning("session %s is a slow consumer (%d bytes unread): closing %d %s", self.session_id, queued,
+                        *SLOW_CONSUMER)
+            threading.Thread(target=self.close, args=SLOW_CONSUMER, kwargs={"flush_s": 0}, daemon=True,
+                             name=f"meshbroker-close-{self.session_id}").start()
             return False
         return True
+
+    def _send_loop(self) -> None:
+        """The sender thread: write the queue in order until the outbound side closes."""
+        while True:
+            with self._outbound_ready:
+                while not self._outbound and not self._outbound_closed:
+                    self._outbound_ready.wait()
+                if self._outbound_closed:
+                    return
+                data = self._outbound[0]
+            try:
+                self.conn.send(data, text=True)
+            except ConnectionClosed:
+                with self._outbound_ready:
+                    self._stop_outbound()
+                return
+            with self._outbound_ready:
+                if self._outbound and self._outbound[0] is data:  # not dropped meanwhile
+                    self._outbound.popleft()
+                    self._outbound_bytes -= len(data)
+                self._outbound_ready.notify_all()
+
+    def _stop_outbound(self) -> None:
+        """Drop the queue and let the sender end (hold ``_outbound_ready``)."""
+        self._outbound_closed = True
+        self._outbound.clear()
+        self._outbound_bytes = 0
+        self._outbound_ready.notify_all()
+
+    def flush(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s until every queued frame is written; False when some were not."""
+        deadline = time.monotonic() + timeout
+        with self._outbound_ready:
+            while self._outbound and not self._outbound_closed:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._outbound_ready.wait(remaining)
+            return not self._outbound
+
+    def end(self) -> None:
+        """The connection ended: drop what is queued and let the sender thread exit."""
+        with self._outbound_ready:
+            self._stop_outbound()
+
+    def close(self, code: int, reason: str, *, flush_s: float = FLUSH_S) -> None:
+        """Flush the queue (up to ``flush_s``), then close the connection with ``code``. A close frame cannot pass a
+        write the peer does not read (websockets writes under one lock): after ``CLOSE_GRACE_S`` the TCP
+        connection is aborted instead, which ends that write."""
+        self.flush(flush_s)
+        self.end()
+        closer = threading.Thread(target=self.conn.close, args=(code, reason), daemon=True,
+                                  name=f"meshbroker-closer-{self.session_id}")
+        closer.start()
+        closer.join(CLOSE_GRACE_S)
+        if closer.is_alive():
+            log.warning("session %s: close %d %s is stuck behind an unread write; aborting the connection",
+                        self.session_id, code, reason)
+            with contextlib.suppress(OSError):
+                self.conn.socket.shutdown(socket.SHUT_RDWR)
+            closer.join(CLOSE_GRACE_S)
 
     def peer(self) -> dict[str, Any]:
         """This session as a peers_list entry (upstream camelCase members; the entry is an open object)."""

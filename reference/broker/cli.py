@@ -71,7 +71,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             rate_burst=args.rate_burst, sweep_interval_s=args.sweep_interval_s,
             message_retention_days=args.message_retention_days, trace_dir=args.trace_dir,
             trace_node=args.trace_node, trace_strict=args.trace_strict, db_workers=args.db_workers,
-            allow_non_loopback=args.allow_non_loopback,
+            max_outbound_bytes=args.max_outbound_bytes, allow_non_loopback=args.allow_non_loopback,
         )
     except BrokerConfigError as exc:
         print(f"meshd broker: invalid configuration: {exc}", file=sys.stderr)
@@ -254,6 +254,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--trace-node", default=d.trace_node, help="trace node name (file broker-NODE.jsonl)")
     serve.add_argument("--trace-strict", action="store_true", help="validate every trace event against its schema")
     serve.add_argument("--db-workers", type=int, default=d.db_workers, help="database threads (= connections)")
+    serve.add_argument("--max-outbound-bytes", type=int, default=d.max_outbound_bytes,
+                       help="unread bytes queued for a member before it is closed 1013 slow_consumer (E-33)")
     serve.add_argument("--allow-non-loopback", action="store_true", help="permit binding a non-loopback address")
     serve.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     serve.set_defaults(func=cmd_serve)

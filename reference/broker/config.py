@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from reference.broker._presence import MAX_OUTBOUND_BYTES
 from reference.broker.store import DEDUPE_MODES
 
 CONNECTION_POLICIES = ("prefer_newest", "prefer_oldest", "allow_concurrent")
@@ -58,6 +59,8 @@ class BrokerConfig:
     #: store calls run on this many threads, so at most this many database connections are open
     db_workers: int = 16
     max_inflight_per_connection: int = 64
+    #: frames queued for a member that it has not read; past this the connection is closed 1013 (E-33)
+    max_outbound_bytes: int = MAX_OUTBOUND_BYTES
     allow_non_loopback: bool = False
 
     def __post_init__(self) -> None:
@@ -71,8 +74,9 @@ class BrokerConfig:
             raise BrokerConfigError(f"{self.host} is not loopback; pass --allow-non-loopback to bind it")
         if self.inline_bytes < 1 or self.blob_bytes < 1:
             raise BrokerConfigError("payload limits must be positive")
-        if self.lease_s <= 0 or self.db_workers < 1 or self.max_inflight_per_connection < 1:
-            raise BrokerConfigError("lease, db workers and in-flight limit must be positive")
+        if (self.lease_s <= 0 or self.db_workers < 1 or self.max_inflight_per_connection < 1
+                or self.max_outbound_bytes < 1):
+            raise BrokerConfigError("lease, db workers, in-flight and outbound limits must be positive")
         if self.advertise is not None and not isinstance(self.advertise, dict):
             raise BrokerConfigError("the advertised feature map must be a JSON object")
 

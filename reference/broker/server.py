@@ -10,7 +10,9 @@ connections stays bounded however many WebSockets come and go (the stores keep o
 ``send`` is checked against its schema on the connection thread (a failure is B1 ``invalid_frame``; without a usable
 client_message_id it is an ``error`` frame, E-28) and queued for the accept writer; a connection may have several
 sends in flight, as a daemon draining its outbox does, bounded per connection. The B1 size limit is the advertised
-``max_payload.inline_bytes``; the rate limit is a per-member token bucket the store consults last.
+``max_payload.inline_bytes``; the rate limit is a per-member token bucket the store consults last. Frames to a
+member (acks, pushes, errors) are queued on its session and written by the session's own sender thread, so a member
+that stops reading stalls nobody else and is closed 1013 ``slow_consumer`` past ``max_outbound_bytes`` (E-33).
 
 Group commit. An accept-writer thread takes every queued send (up to ``GROUP_MAX``), from whichever connections,
 and hands them to ``store.accept_batch``: one write transaction, each send from its own savepoint through the whole
@@ -281,18 +283,27 @@ class BrokerServer:
             self._serve(session)
         except _Refused as refused:
             log.info("connection refused: %s %s (%s)", CLOSE[refused.name], refused.name, refused)
-            conn.close(CLOSE[refused.name], refused.name)
+            self._close(conn, session, CLOSE[refused.name], refused.name)
         except ConnectionClosed as closed:
             received = closed.rcvd
         except Exception:
             log.exception("connection handler failed")
-            conn.close(1011, "internal_error")
+            self._close(conn, session, 1011, "internal_error")
         finally:
             if session is not None:
+                session.end()
                 for other in self.presence.remove(session):
                     other.send(self._system("peer_left", session))
                 log.info("session %s closed: code=%s reason=%s", session.session_id,
                          received.code if received else conn.close_code, received.reason if received else "")
+
+    @staticmethod
+    def _close(conn: ServerConnection, session: Session | None, code: int, reason: str) -> None:
+        """Close after the error frames queued before: through the session (flushed first) once there is one."""
+        if session is None:
+            conn.close(code, reason)
+        else:
+            session.close(code, reason)
 
     def _recv_frame(self, conn: ServerConnection, expected: str) -> dict[str, Any]:
         try:
@@ -327,13 +338,14 @@ class BrokerServer:
             connected_at=rfc3339_ms(self._now_ms()), peer_type=hello.get("peerType"), channel=hello.get("channel"),
             hostname=hello.get("hostname"),
             inflight=threading.BoundedSemaphore(self.config.max_inflight_per_connection),
+            max_outbound_bytes=self.config.max_outbound_bytes,
         )
         admitted, replaced = self.presence.admit(session)
         if not admitted:
             raise _Refused("member_already_connected", f"{pubkey[:16]}… already has a connection")
         for old in replaced:
-            threading.Thread(target=old.conn.close, args=(CLOSE["replaced_by_newer_connection"],
-                                                          "replaced_by_newer_connection"), daemon=True).start()
+            threading.Thread(target=old.close, args=(CLOSE["replaced_by_newer_connection"],
+                                                     "replaced_by_newer_connection"), daemon=True).start()
         try:
             conn.send(_json({"type": "hello_ack", "memberId": hello["memberId"], "meshId": mesh_id,
                              "sessionId": session.session_id, "brokerVersion": BROKER_VERSION,

@@ -307,3 +307,17 @@ def read_events(client: httpx.Client, headers: dict, count: int, timeout: float 
             key, _, value = line.partition(": ")
             current[key] = value
     return events
+
+
+def test_a_1013_slow_consumer_close_is_a_link_loss(broker, daemon):
+    """E-33: a broker's 1013 slow_consumer close is a link loss like any other: the daemon reconnects and sends its
+    unacknowledged row again, which then completes."""
+    first = broker.wait_connected()
+    broker.answer("slow-close", SILENT)
+    assert post(daemon, BODY, "slow-close").status_code == 202
+    broker.wait_frame("send")
+    broker.drop(1013, "slow_consumer")
+    broker.wait_for(lambda: broker.wait_connected() > first, timeout=15, what="a reconnect after 1013")
+    wait_status(daemon, "slow-close", "done", timeout=15)
+    sends = [f for f in broker.received("send") if f["client_message_id"] == "slow-close"]
+    assert len(sends) >= 2 and len({f["request_fingerprint"] for f in sends}) == 1
