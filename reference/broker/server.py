@@ -513,21 +513,24 @@ class BrokerServer:
     # --- deliveries ------------------------------------------------------------------------------------------------
 
     def _lease(self, pubkey: str) -> list[Delivery]:
+        """Lease the member's due deliveries; each is traced with its lease, under the writer lock (E-32): a
+        client_ack of an earlier attempt, committed and traced after this lease, can never precede it in the trace."""
         with self._writer:
-            return self.store.pending_deliveries(pubkey, self._now_ms(), int(self.config.lease_s * 1000), BATCH)
+            leased = self.store.pending_deliveries(pubkey, self._now_ms(), int(self.config.lease_s * 1000), BATCH)
+            for delivery in leased:
+                if delivery.client_message_id is not None:
+                    self._emit("delivery", mesh=delivery.mesh_id, broker_message_id=delivery.broker_message_id,
+                               client_message_id=delivery.client_message_id, recipient=delivery.recipient_pubkey,
+                               delivery_id=str(delivery.delivery_id), attempt=delivery.attempt,
+                               lease_until_ms=delivery.lease_until_ms)
+            return leased
 
     def _deliver(self, delivery: Delivery) -> bool:
         session = self.presence.target(delivery.mesh_id, delivery.recipient_pubkey)
         if session is None or delivery.client_message_id is None:
             return False
         sender = self.presence.target(delivery.mesh_id, delivery.sender_pubkey)
-        # Traced before the frame is written: the recipient's client_ack (traced by another thread) can arrive
-        # before send() returns, and the trace must never show an ack ahead of its delivery. A push the connection
-        # refuses is leased all the same, and its redelivery after the lease is traced as the next attempt.
-        self._emit("delivery", mesh=delivery.mesh_id, broker_message_id=delivery.broker_message_id,
-                   client_message_id=delivery.client_message_id, recipient=delivery.recipient_pubkey,
-                   delivery_id=str(delivery.delivery_id), attempt=delivery.attempt,
-                   lease_until_ms=delivery.lease_until_ms)
+        # Already traced by _lease. A push the connection refuses stays leased; its redelivery is the next attempt.
         return session.send(push_frame(delivery, sender.display_name if sender else None))
 
     def _on_client_ack(self, session: Session, frame: dict[str, Any]) -> None:
