@@ -13,6 +13,7 @@ Three shapes:
 from __future__ import annotations
 
 import shutil
+import socket
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -111,6 +112,29 @@ class Target:
             return httpx.Client(base_url=self._http, timeout=timeout, verify=False,
                                 headers={"Authorization": f"Bearer {token}"} if token else {})
         raise TargetError(f"the target has no {transport} transport the harness can reach")
+
+    def raw_connection(self, transport: str, timeout: float = 20.0) -> tuple[socket.socket, dict[str, str]]:
+        """A plain socket to the main instance and the headers every request on it needs (Host, Authorization)."""
+        if transport == "unix":
+            path = self.launched.socket_path if self.launched is not None else self._socket
+            if path is None:
+                raise TargetError("the target has no unix transport the harness can reach")
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(timeout)
+            sock.connect(str(path))
+            return sock, {"Host": "localhost"}
+        if self.launched is not None:
+            host, port, token_file = "127.0.0.1", self.launched.port, self.launched.token_file
+        elif self._http is not None:
+            url = httpx.URL(self._http)
+            host, port, token_file = url.host, url.port or 80, self.token_file
+        else:
+            raise TargetError("the target has no tcp transport the harness can reach")
+        sock = socket.create_connection((host, int(port)), timeout=timeout)
+        headers = {"Host": f"{host}:{port}"}
+        if token_file is not None and Path(token_file).exists():
+            headers["Authorization"] = f"Bearer {Path(token_file).read_text().strip()}"
+        return sock, headers
 
     @property
     def transports(self) -> list[str]:

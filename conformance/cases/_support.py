@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
+import socket
+import threading
 import time
 from typing import Any
 
@@ -73,3 +76,59 @@ def read_events(client: httpx.Client, headers: dict[str, str], until, timeout: f
             key, _, value = line.partition(":")
             current[key] = value[1:] if value.startswith(" ") else value
     return events
+
+
+def http_request(method: str, path: str, headers: dict[str, str], body: bytes = b"") -> bytes:
+    """One HTTP/1.1 request as bytes (Content-Length framed when it has a body)."""
+    lines = [f"{method} {path} HTTP/1.1", *(f"{k}: {v}" for k, v in headers.items())]
+    if body or method == "POST":
+        lines.append(f"Content-Length: {len(body)}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+def pipelined(sock: socket.socket, requests: list[bytes]) -> list[tuple[int, dict[str, str], bytes]]:
+    """Write ``requests`` back to back on one connection (from a thread, so a server that answers before it reads
+    cannot deadlock us) and read until the server closes; returns every complete response, in order."""
+    def write() -> None:
+        with contextlib.suppress(OSError):
+            sock.sendall(b"".join(requests))
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    received = bytearray()
+    with contextlib.suppress(OSError):
+        while chunk := sock.recv(65536):
+            received += chunk
+    writer.join(timeout=5)
+    sock.close()
+    return parse_responses(bytes(received))
+
+
+def parse_responses(data: bytes) -> list[tuple[int, dict[str, str], bytes]]:
+    """Split a byte stream into complete HTTP/1.1 responses (Content-Length or chunked); a torn tail is dropped."""
+    responses = []
+    while (end := data.find(b"\r\n\r\n")) >= 0:
+        head = data[:end].decode("latin-1").split("\r\n")
+        status = int(head[0].split(" ", 2)[1])
+        headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in head[1:])}
+        rest = data[end + 4:]
+        if "chunked" in headers.get("transfer-encoding", "").lower():
+            body = bytearray()
+            while (eol := rest.find(b"\r\n")) >= 0:
+                size = int(rest[:eol].split(b";")[0], 16)
+                if len(rest) < eol + 2 + size + 2:
+                    return responses
+                body += rest[eol + 2:eol + 2 + size]
+                rest = rest[eol + 2 + size + 2:]
+                if size == 0:
+                    break
+            else:
+                return responses
+        else:
+            length = int(headers.get("content-length", "0"))
+            if len(rest) < length:
+                return responses
+            body, rest = rest[:length], rest[length:]
+        responses.append((status, headers, bytes(body)))
+        data = rest
+    return responses

@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 
 import httpx
 import pytest
 
-from conformance.cases._support import read_events, unique
+from conformance.cases._support import http_request, pipelined, read_events, unique
 from conformance.registry import case
 from spec import validator
 
@@ -165,3 +166,42 @@ def test_size_limit(api):
     assert (response.status_code, response.json()["error"]) == (413, "payload_too_large")
     media = api.post("/v1/send", content=b"to=x", headers={"Content-Type": "application/x-www-form-urlencoded"})
     assert (media.status_code, media.json()["error"]) == (415, "unsupported_media_type")
+
+
+def _chunks(payload: bytes, size: int = 4096):
+    for start in range(0, len(payload), size):
+        yield payload[start:start + size]
+
+
+@case("transport.early_answer", "IPC-HTTP-BODY", "LIMIT-BODY")
+@pytest.mark.parametrize("content_type, status, error", [("application/json", 413, "payload_too_large"),
+                                                         ("text/plain", 415, "unsupported_media_type")])
+def test_an_early_answer_reaches_the_client_and_keeps_the_connection(mesh_target, content_type, status, error):
+    """A 3 MiB send refused on its headers, then a health check pipelined behind it on the same connection: both
+    answers come back, in order (E-34). A server that closes on the unread body loses the second one (and, as the
+    client is still writing, may lose the first to a reset)."""
+    big = b'{"to":"#general","message":"' + b"x" * (3 * 1024 * 1024) + b'"}'
+    for transport in mesh_target.transports:
+        sock, headers = mesh_target.raw_connection(transport)
+        answers = pipelined(sock, [
+            http_request("POST", "/v1/send", {**headers, "Content-Type": content_type}, big),
+            http_request("GET", "/v1/health", {**headers, "Connection": "close"})])
+        assert [a[0] for a in answers] == [status, 200], (transport, answers[:1])
+        assert answers[0][1]["content-type"].startswith("application/problem+json")
+        problem = json.loads(answers[0][2])
+        assert problem["error"] == error and not list(validator("ipc/problem").iter_errors(problem))
+
+
+@case("transport.chunked_body", "IPC-HTTP-BODY", "LIMIT-BODY")
+def test_chunked_bodies_are_read_and_held_to_the_limit(api):
+    """A chunked send (no Content-Length) is read like any other and held to the same limit (E-34). Streamed bodies
+    go around the contract client, which records only bodies it can read."""
+    small = json.dumps({"to": "#general", "message": "chunked", "client_message_id": unique("chunked")}).encode()
+    good = api.client.post("/v1/send", content=_chunks(small), headers={"Content-Type": "application/json"})
+    assert good.request.headers.get("Transfer-Encoding") == "chunked"
+    assert good.status_code == 202, good.text
+    big = b'{"to":"#general","message":"' + b"x" * (3 * 1024 * 1024) + b'"}'
+    too_big = api.client.post("/v1/send", content=_chunks(big), headers={"Content-Type": "application/json"})
+    assert (too_big.status_code, too_big.json()["error"]) == (413, "payload_too_large")
+    assert too_big.headers["content-type"].startswith("application/problem+json")
+    assert not list(validator("ipc/problem").iter_errors(too_big.json()))

@@ -658,6 +658,22 @@ def _no_body_limit(p: Patcher) -> None:
     p.set(app, "_read_body", lambda req, limit: req.bounded_stream.read())
 
 
+@mutant("unread-body-left-on-the-socket", "a body the handler did not read is left unread when the answer goes out",
+        kills=("IPC-HTTP-BODY",), select=("transport.early_answer",))
+def _unread_body_left(p: Patcher) -> None:
+    from reference.daemon import guard
+
+    p.set(guard.BodyDrain, "process_response", lambda self, req, resp, resource, req_succeeded: None)
+
+
+@mutant("chunked-body-read-as-empty", "a chunked request body is read as an empty body", kills=("IPC-HTTP-BODY",),
+        select=("transport.chunked_body",))
+def _chunked_body_empty(p: Patcher) -> None:
+    from reference.daemon import app
+
+    p.set(app, "body_stream", lambda req: req.bounded_stream)
+
+
 @mutant("unix-socket-0644", "daemon.sock is left group/world readable (0644)", kills=("AUTH-UDS-MODE",))
 def _unix_socket_0644(p: Patcher) -> None:
     import os

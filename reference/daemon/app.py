@@ -24,7 +24,7 @@ from reference.core.destination import TOPIC_NAME
 from spec import SPEC_VERSION, load_table
 
 from . import problems
-from .guard import Guard, transport_of
+from .guard import BodyDrain, Guard, body_stream, transport_of
 from .link import BrokerTimeout, BrokerUnavailable
 from .problems import Problem
 
@@ -67,7 +67,7 @@ def _read_body(req: falcon.Request, limit: int) -> bytes:
     length = req.content_length
     if length is not None and length > limit:
         raise Problem("payload_too_large", f"the body is {length} bytes; the limit is {limit}")
-    data = req.bounded_stream.read(limit + 1)
+    data = body_stream(req).read(limit + 1)
     if len(data) > limit:
         raise Problem("payload_too_large", f"the body exceeds {limit} bytes")
     return data
@@ -404,7 +404,7 @@ class AccessLog:
 def create_app(ctx: DaemonContext, requeue: Callable[..., dict[str, Any]]) -> falcon.App:
     """The IPC app: routes, the guard, the access counter and the single error serialiser."""
     guard = Guard(ctx.token, int(ctx.config["ipc"]["max_inflight"]))
-    app = falcon.App(middleware=[AccessLog(ctx.metrics), guard], cors_enable=False)
+    app = falcon.App(middleware=[AccessLog(ctx.metrics), guard, BodyDrain()], cors_enable=False)
     app.req_options.auto_parse_qs_csv = False
     app.req_options.strip_url_path_trailing_slash = False
     problems.install(app)

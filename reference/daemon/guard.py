@@ -12,6 +12,7 @@ import hmac
 import ipaddress
 import logging
 import threading
+import time
 
 import falcon
 
@@ -22,6 +23,8 @@ LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 QUERY_TOKEN_NAMES = frozenset({"token", "access_token", "local_token"})
 UNIX = "unix"
 TCP = "tcp"
+DRAIN_MAX_BYTES = 16 * 1024 * 1024
+DRAIN_MAX_S = 5.0
 
 
 def transport_of(env: dict) -> str:
@@ -118,3 +121,45 @@ class Guard:
     @property
     def inflight(self) -> int:
         return self._inflight
+
+
+def body_stream(req: falcon.Request):
+    """The request body: Content-Length bounded, or the server's own reader for a chunked body (E-34)."""
+    if req.content_length is None and req.env.get("wsgi.input_terminated") and _chunked(req):
+        return req.stream
+    return req.bounded_stream
+
+
+def _chunked(req: falcon.Request) -> bool:
+    return "chunked" in (req.get_header("Transfer-Encoding") or "").lower()
+
+
+class BodyDrain:
+    """Falcon middleware: the part of a request body a handler did not read is read and dropped before the answer.
+
+    An answer given before the body was read (413, 415, 401, 429, ...) would otherwise leave the body on the socket,
+    the server would close on it, and the client, still writing, could lose the answer to a reset (RFC 9112 §9.6).
+    Bodies past ``DRAIN_MAX_BYTES`` (or still arriving after ``DRAIN_MAX_S``) are not waited for: the answer says
+    ``Connection: close`` instead (E-34).
+    """
+
+    def process_response(self, req: falcon.Request, resp: falcon.Response, resource, req_succeeded: bool) -> None:
+        length = req.content_length
+        if length is None and not _chunked(req):
+            return
+        if length is not None and length > DRAIN_MAX_BYTES:
+            resp.set_header("Connection", "close")
+            return
+        stream = body_stream(req)
+        if length is not None and stream.eof:
+            return
+        drained, deadline = 0, time.monotonic() + DRAIN_MAX_S
+        while drained <= DRAIN_MAX_BYTES and time.monotonic() < deadline:
+            try:
+                chunk = stream.read(64 * 1024)
+            except (OSError, ValueError):  # the client went away or sent a broken chunk
+                break
+            if not chunk:
+                return
+            drained += len(chunk)
+        resp.set_header("Connection", "close")

@@ -144,6 +144,43 @@ def test_oversized_send_is_413(daemon):
     assert (response.status_code, response.json()["error"]) == (413, "payload_too_large")
 
 
+BIG = b'{"to":"#t","message":"' + b"x" * (3 * 1024 * 1024) + b'"}'
+
+
+@pytest.mark.parametrize("transport", ["unix", "tcp"])
+def test_an_answer_given_before_the_body_is_read_reaches_the_client(daemon, transport):
+    """LIMIT-BODY, ERR-PROBLEM-JSON, E-34: 413, 415 and 401 come back whole although a 3 MiB body was never read,
+    and the connection stays usable. Before E-34 the server closed on the unread body and the client, still writing,
+    could lose the answer (the CI run of 2026-11-22 saw RemoteProtocolError)."""
+    expected = [(413, "payload_too_large", {"Content-Type": "application/json"}),
+                (415, "unsupported_media_type", {"Content-Type": "text/plain"})]
+    if transport == "tcp":
+        expected.append((401, "invalid_bearer_token", {"Content-Type": "application/json",
+                                                       "Authorization": "Bearer wrong"}))
+    for _ in range(10):
+        for status, error, headers in expected:
+            with daemon.unix() if transport == "unix" else daemon.tcp() as client:
+                response = client.post("/v1/send", content=BIG, headers=headers)
+                assert (response.status_code, response.json()["error"]) == (status, error)
+                assert client.get("/v1/health").status_code == 200  # the same connection, kept alive
+
+
+def test_chunked_bodies_are_read_and_limited(daemon):
+    """E-34: a chunked body (no Content-Length) is read through the server's reader and held to the same limit."""
+    def chunks(payload: bytes):
+        for start in range(0, len(payload), 4096):
+            yield payload[start:start + 4096]
+
+    with daemon.unix() as client:
+        good = client.post("/v1/send", content=chunks(b'{"to":"#t","message":"chunked"}'),
+                           headers={"Content-Type": "application/json"})
+        assert good.status_code == 202, good.text
+        assert good.request.headers.get("Transfer-Encoding") == "chunked"
+        big = client.post("/v1/send", content=chunks(BIG), headers={"Content-Type": "application/json"})
+        assert (big.status_code, big.json()["error"]) == (413, "payload_too_large")
+        assert client.get("/v1/health").status_code == 200
+
+
 def test_stream_cap_is_429(make_daemon, broker):
     """SSE-STREAM-LIMIT (cap lowered to 2 through config)."""
     daemon = make_daemon(broker.url, config=FAST + "\n[ipc]\nmax_streams = 2\n")
