@@ -189,7 +189,6 @@ def cmd_orphan_check(args: argparse.Namespace) -> int:
 
 
 def cmd_retention_sweep(args: argparse.Namespace) -> int:
-    from reference.broker._store_reads import StoreReads
     from reference.broker.server import retention_sweep
     from reference.trace import TraceWriter
 
@@ -197,7 +196,7 @@ def cmd_retention_sweep(args: argparse.Namespace) -> int:
     trace = TraceWriter(args.trace_dir, "broker", args.trace_node) if args.trace_dir else None
     try:
         now_ms = args.now_ms if args.now_ms is not None else time.time_ns() // 1_000_000
-        result = retention_sweep(store, StoreReads(store), now_ms, int(args.message_retention_days * 86_400_000),
+        result = retention_sweep(store, now_ms, int(args.message_retention_days * 86_400_000),
                                  trace.emit if trace else None)
     finally:
         store.close()

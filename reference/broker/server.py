@@ -60,7 +60,6 @@ from ._delivery import BATCH, Dispatcher, push_frame
 from ._presence import PROFILE_FIELDS, Presence, Session
 from ._ratelimit import TokenBuckets
 from ._schemas import frame_schema
-from ._store_reads import StoreReads
 from .config import BROKER_VERSION, BrokerConfig, supported_features
 from .store import EFFECTS, AcceptChecks, AcceptRequest, AcceptResult, BrokerStore, Delivery, rfc3339_ms
 
@@ -118,7 +117,7 @@ class _Refused(Exception):
         self.name = name
 
 
-def retention_sweep(store: BrokerStore, reads: StoreReads, now_ms: int, message_retention_ms: int,
+def retention_sweep(store: BrokerStore, now_ms: int, message_retention_ms: int,
                     emit: Callable[..., Any] | None = None) -> dict[str, int]:
     """Prune messages older than the retention (flipping their dedupe rows' history_available, §17 step 6), then
     delete expired dedupe rows (§17 step 5); ``emit`` gets one history_pruned event per flipped message.
@@ -127,7 +126,7 @@ def retention_sweep(store: BrokerStore, reads: StoreReads, now_ms: int, message_
         ``{"pruned": messages deleted, "history_flipped": dedupe rows flipped, "expired": dedupe rows deleted}``.
     """
     before = now_ms - message_retention_ms
-    flipped = reads.prunable(before)
+    flipped = store.prunable(before)
     pruned = store.prune_messages(before)
     if emit is not None:
         for row in flipped:
@@ -152,7 +151,6 @@ class BrokerServer:
                  new_id: Callable[[], str] = lambda: str(ULID())):
         self.config = config
         self.store = store
-        self.reads = StoreReads(store)
         self.clock = clock
         self.new_id = new_id
         self.pool = ThreadPoolExecutor(config.db_workers, thread_name_prefix="meshbroker-db")
@@ -329,8 +327,8 @@ class BrokerServer:
         mesh_id, pubkey = hello["meshId"], hello["pubkey"]
         if self.config.dev:
             self._db(self._dev_register, mesh_id, pubkey, hello.get("displayName") or "")
-        policy = self._db(self.reads.mesh_policy, mesh_id)
-        if policy is None or not self._db(self.reads.is_member, mesh_id, pubkey):
+        policy = self._db(self.store.mesh_policy, mesh_id)
+        if policy is None or not self._db(self.store.is_member, mesh_id, pubkey):
             raise _Refused("unauthorized", f"{pubkey[:16]}… is not a member of mesh {mesh_id!r}")
         session = Session(
             conn=conn, mesh_id=mesh_id, pubkey=pubkey, member_id=hello["memberId"],
@@ -569,15 +567,15 @@ class BrokerServer:
         with self._dev_lock, self._writer:
             if (mesh_id, pubkey) in self._dev_members:
                 return
-            if self.reads.mesh_policy(mesh_id) is None:
+            if self.store.mesh_policy(mesh_id) is None:
                 retention = self.config.retention_days if self.config.dedupe_mode == "retention_scoped" else None
                 try:
                     self.store.add_mesh(mesh_id, mesh_id, self.config.dedupe_mode, retention)
                 except Exception:
-                    if self.reads.mesh_policy(mesh_id) is None:  # not a concurrent creation: a real failure
+                    if self.store.mesh_policy(mesh_id) is None:  # not a concurrent creation: a real failure
                         raise
             self.store.add_member(mesh_id, pubkey, display_name)
-            for topic in self.reads.topics(mesh_id):
+            for topic in self.store.topics(mesh_id):
                 self.store.subscribe(mesh_id, topic, pubkey)
             self._dev_members.add((mesh_id, pubkey))
 
@@ -587,7 +585,7 @@ class BrokerServer:
             if (mesh_id, topic) in self._dev_topics:
                 return
             self.store.create_topic(mesh_id, topic)
-            for member in self.reads.members(mesh_id):
+            for member in self.store.members(mesh_id):
                 self.store.subscribe(mesh_id, topic, member["pubkey"])
             self._dev_topics.add((mesh_id, topic))
 
@@ -597,7 +595,7 @@ class BrokerServer:
         """One retention sweep now (what the periodic thread runs)."""
         retention_ms = int(self.config.message_retention_days * 86_400_000)
         with self._writer:
-            return retention_sweep(self.store, self.reads, self._now_ms(), retention_ms, self._emit)
+            return retention_sweep(self.store, self._now_ms(), retention_ms, self._emit)
 
     def _sweep_loop(self) -> None:
         while not self._stopping.wait(self.config.sweep_interval_s):

@@ -328,6 +328,35 @@ def test_an_uncommitted_message_is_never_delivered(store: BrokerStore) -> None:
     assert len(store.pending_deliveries(BOB, now_ms=T0 + 1, lease_ms=1_000)) == 1
 
 
+# --- reads: membership at hello, policy for negotiation, members and topics, what a sweep prunes ---------------------
+
+
+def test_reads_of_membership_policy_members_and_topics(store: BrokerStore) -> None:
+    assert store.mesh_policy(MESH) == {"dedupe_mode": "retention_scoped", "retention_days": RETENTION_DAYS}
+    assert store.mesh_policy(PERMANENT_MESH) == {"dedupe_mode": "permanent", "retention_days": None}
+    assert store.mesh_policy("no-such-mesh") is None
+    assert store.is_member(MESH, SENDER) and not store.is_member(MESH, OUTSIDER)
+    assert not store.is_member("no-such-mesh", SENDER)
+    assert store.members(MESH) == [{"pubkey": key, "display_name": key[:1]} for key in (SENDER, BOB, CAROL, DAVE)]
+    assert store.members("no-such-mesh") == []
+    assert store.topics(MESH) == ["general", "quiet"]
+    assert store.topics("no-such-mesh") == []
+
+
+def test_prunable_names_exactly_what_prune_messages_flips(store: BrokerStore) -> None:
+    _, old_id, _ = accept(store, make_request(client_message_id="old"))
+    _, dm_id, _ = accept(store, make_request(client_message_id="old-dm", destination_kind="dm", destination_ref=BOB))
+    accept(store, make_request(client_message_id="new", received_at_ms=T0 + DAY_MS))
+
+    listed = store.prunable(before_ms=T0 + 1)
+    assert listed == sorted([{"mesh_id": MESH, "broker_message_id": old_id, "client_message_id": "old"},
+                             {"mesh_id": MESH, "broker_message_id": dm_id, "client_message_id": "old-dm"}],
+                            key=lambda row: row["broker_message_id"])
+    assert store.prune_messages(before_ms=T0 + 1) == 2
+    assert store.prunable(before_ms=T0 + 1) == []  # flipped already: history_available is false
+    assert store.orphan_check(now_ms=T0 + DAY_MS) == []
+
+
 # --- retention, expiry (§17 steps 5 and 6; BRK-HISTORY-AVAILABLE, BRK-DEDUPE-EXPIRY) ----------------------------------
 
 

@@ -87,7 +87,8 @@ ORPHAN_RULES = (
 )
 #: Every statement an engine must define in ``SQL``.
 STATEMENTS = (
-    "mesh_policy", "member_exists", "sender_policy", "savepoint", "rollback_to_savepoint", "claim_dedupe",
+    "mesh_policy", "member_exists", "mesh_members", "mesh_topics", "prunable", "sender_policy", "savepoint",
+    "rollback_to_savepoint", "claim_dedupe",
     "read_dedupe", "destination_topic", "destination_dm", "destination_queue", "insert_topic_message",
     "insert_queue_message", "insert_history",
     "insert_delivery", "add_mesh", "add_member", "create_topic", "subscribe", "create_queue", "add_queue_consumer",
@@ -257,6 +258,28 @@ class SqlBrokerStore(BrokerStore):
             self._x(cur, "create_queue", mesh_id=mesh_id, queue_id=queue_id)
             for pubkey in consumers:
                 self._x(cur, "add_queue_consumer", mesh_id=mesh_id, queue_id=queue_id, pubkey=pubkey)
+
+    # --- reads: membership at hello, policy for negotiation, a mesh's members and topics, what a sweep prunes --------
+
+    def _rows(self, statement: str, /, **params: Any) -> list[dict[str, Any]]:
+        with self._transaction(write=False) as cur:
+            return [dict(row) for row in self._x(cur, statement, **params).fetchall()]
+
+    def mesh_policy(self, mesh_id: str) -> dict[str, Any] | None:
+        rows = self._rows("mesh_policy", mesh_id=mesh_id)
+        return rows[0] if rows else None
+
+    def is_member(self, mesh_id: str, pubkey: str) -> bool:
+        return bool(self._rows("member_exists", mesh_id=mesh_id, pubkey=pubkey))
+
+    def members(self, mesh_id: str) -> list[dict[str, Any]]:
+        return self._rows("mesh_members", mesh_id=mesh_id)
+
+    def topics(self, mesh_id: str) -> list[str]:
+        return [row["name"] for row in self._rows("mesh_topics", mesh_id=mesh_id)]
+
+    def prunable(self, before_ms: int) -> list[dict[str, Any]]:
+        return self._rows("prunable", before=before_ms)
 
     # --- accept (§4.7.2): one send, or a group of sends under one COMMIT ---------------------------------------------
 

@@ -161,6 +161,27 @@ class BrokerStore(abc.ABC):
         """Create a queue and add ``consumers`` to it (idempotent; consumers must be members)."""
 
     @abc.abstractmethod
+    def mesh_policy(self, mesh_id: str) -> dict[str, Any] | None:
+        """``{dedupe_mode, retention_days}`` of the mesh, or None when there is no such mesh."""
+
+    @abc.abstractmethod
+    def is_member(self, mesh_id: str, pubkey: str) -> bool:
+        """Whether ``pubkey`` is a member of the mesh (False for an unknown mesh)."""
+
+    @abc.abstractmethod
+    def members(self, mesh_id: str) -> list[dict[str, Any]]:
+        """``[{pubkey, display_name}]`` of the mesh, by pubkey."""
+
+    @abc.abstractmethod
+    def topics(self, mesh_id: str) -> list[str]:
+        """The mesh's topic names, sorted."""
+
+    @abc.abstractmethod
+    def prunable(self, before_ms: int) -> list[dict[str, Any]]:
+        """``[{mesh_id, broker_message_id, client_message_id}]``, by broker_message_id: the messages
+        ``prune_messages(before_ms)`` would delete whose dedupe row it would flip to ``history_available`` false."""
+
+    @abc.abstractmethod
     def accept(
         self, req: AcceptRequest, broker_message_id: str, history_id: str, checks: AcceptChecks | None = None
     ) -> AcceptResult:

@@ -52,6 +52,14 @@ SQL: dict[str, str] = {
     "savepoint": "SAVEPOINT accept_{position}",
     "rollback_to_savepoint": "ROLLBACK TO SAVEPOINT accept_{position}",
     "member_exists": "SELECT 1 FROM mesh.member WHERE mesh_id = %(mesh_id)s AND pubkey = %(pubkey)s",
+    "mesh_members": "SELECT pubkey, display_name FROM mesh.member WHERE mesh_id = %(mesh_id)s ORDER BY pubkey",
+    "mesh_topics": "SELECT name FROM mesh.topic WHERE mesh_id = %(mesh_id)s ORDER BY name",
+    "prunable": (
+        "SELECT m.mesh_id, m.id AS broker_message_id, m.client_message_id FROM mesh.accepted_message m "
+        "JOIN mesh.client_message_dedupe d ON d.mesh_id = m.mesh_id "
+        "AND d.client_message_id = m.client_message_id AND d.broker_message_id = m.id "
+        "WHERE m.created_at < mesh.ms_to_ts(%(before)s) AND d.history_available ORDER BY m.id"
+    ),
     # B2 and the recipients in one read (§4.7.2 step 3): no row means no such destination; a NULL pubkey, no recipient
     "destination_topic": (
         "SELECT s.pubkey FROM mesh.topic t LEFT JOIN mesh.topic_subscription s ON s.mesh_id = t.mesh_id "

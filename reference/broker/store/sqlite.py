@@ -45,6 +45,13 @@ SQL: dict[str, str] = {
     "savepoint": "SAVEPOINT accept_{position}",
     "rollback_to_savepoint": "ROLLBACK TO SAVEPOINT accept_{position}",
     "member_exists": "SELECT 1 FROM member WHERE mesh_id = :mesh_id AND pubkey = :pubkey",
+    "mesh_members": "SELECT pubkey, display_name FROM member WHERE mesh_id = :mesh_id ORDER BY pubkey",
+    "mesh_topics": "SELECT name FROM topic WHERE mesh_id = :mesh_id ORDER BY name",
+    "prunable": (
+        "SELECT m.mesh_id, m.id AS broker_message_id, m.client_message_id FROM accepted_message m "
+        "JOIN client_message_dedupe d ON d.mesh_id = m.mesh_id AND d.client_message_id = m.client_message_id "
+        "AND d.broker_message_id = m.id WHERE m.created_at < :before AND d.history_available = 1 ORDER BY m.id"
+    ),
     # B2 and the recipients in one read (§4.7.2 step 3): no row means no such destination; a NULL pubkey, no recipient
     "destination_topic": (
         "SELECT s.pubkey FROM topic t LEFT JOIN topic_subscription s ON s.mesh_id = t.mesh_id AND s.topic = t.name "
