@@ -7,6 +7,7 @@ leave) and, at the end, that the §4.7.3 inventory is clean.
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from store_testkit import (
@@ -258,6 +259,23 @@ def test_a_constraint_violation_on_the_message_insert_rolls_back_the_claim(store
     clash = valid_ack(store.accept(make_request(client_message_id="second"), broker_message_id, new_ids()[1]))
 
     assert first.http_status == 201
+    assert (clash.http_status, clash.table_row) == (500, "BRK-COMMIT-FAIL")
+    assert message_rows(store) == before
+    assert accept(store, make_request(client_message_id="second"))[0].http_status == 201
+    assert store.orphan_check() == []
+
+
+def test_a_constraint_violation_that_surfaces_at_a_later_statement_still_rolls_back(store: BrokerStore) -> None:
+    """The same clash, with the history insert held back until the message insert's error has come back: a
+    pipelining engine then raises it at the history insert, not at a sync, and must still roll the send back to its
+    savepoint (it once answered a bare 500 with the pipeline aborted)."""
+    _, broker_message_id, _ = accept(store, make_request(client_message_id="first"))
+    before = message_rows(store)
+    store.fault_hook = lambda stage: time.sleep(0.3) if stage == "history" else None
+
+    clash = valid_ack(store.accept(make_request(client_message_id="second"), broker_message_id, new_ids()[1]))
+
+    store.fault_hook = None
     assert (clash.http_status, clash.table_row) == (500, "BRK-COMMIT-FAIL")
     assert message_rows(store) == before
     assert accept(store, make_request(client_message_id="second"))[0].http_status == 201

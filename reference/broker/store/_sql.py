@@ -431,6 +431,11 @@ class SqlBrokerStore(BrokerStore):
             elif settled.transaction != "commit":
                 raise StoreError(f"a transaction was open for an outcome with transaction={settled.transaction!r}")
         except Exception as exc:
+            if pipe is not None:
+                # An error that surfaced at a later statement rather than at a sync leaves the pipeline aborted until
+                # a sync is processed: every statement queued before that, the rollback included, would be skipped.
+                with contextlib.suppress(Exception):
+                    pipe.sync()
             self._rollback_to_savepoint(conn.cursor(), pipe, position)
             log.exception("broker_accept_failed client_message_id=%s", req.client_message_id)
             decided = broker_accept.settle(**{**known, "commit": "failed"}) if known.get("b2") == "ok" else None
