@@ -9,9 +9,15 @@ One run measures, on one filesystem (a temp directory):
    with p50/p99 latency, while the scripted broker acks every send (the drain loop runs, as in production);
 
 and, to show the load generator is not what limits (2) and (3), the same clients against a null HTTP responder on a
-unix socket in its own process. Afterwards the daemon's outbox must hold exactly one row per 202 it answered; the
-share of them the broker had already acked (``done``) is reported too, since a drain loop that falls behind
-defers its CPU past the measurement window and so flatters the send rate.
+unix socket in its own process. To show what the stack itself allows, the same send load also runs against the
+daemon's IPC stack with no work behind it (``bench/_bare_ipc.py``: a constant-answer Falcon app on the daemon's
+gunicorn worker class and settings), with one worker process (the daemon's layout) and with two: no daemon built on
+that stack answers faster than its ceiling, so where the one-process ceiling is below the raw commit rate (a disk
+whose fsync costs less than the stack spends on a request), ``send/raw-commit >= 1.0`` is out of reach for it.
+
+Afterwards the daemon's outbox must hold exactly one row per 202 it answered; the share of them the broker had
+already acked (``done``) is reported too, since a drain loop that falls behind defers its CPU past the measurement
+window and so flatters the send rate.
 
 The three measurements run in ``--rounds`` rounds, each on a fresh daemon (so a send phase's outbox backlog never
 slows the next health phase) with the raw commits measured just before it; the ratios use all rounds pooled, so a
@@ -37,6 +43,7 @@ import shutil
 import socket
 import sqlite3
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -284,6 +291,30 @@ def _null_server(path: str, ready: Any) -> None:
     asyncio.run(main())
 
 
+# --- the stack's ceiling ----------------------------------------------------------------------------------------
+
+
+def stack_ceiling(work: Path, workers: int, args: argparse.Namespace) -> Load:
+    """The send load against bench/_bare_ipc.py with ``workers`` gunicorn worker processes."""
+    from reference.daemon.config import defaults
+
+    path = work / f"bare{workers}.sock"
+    server = subprocess.Popen([sys.executable, str(REPO / "bench" / "_bare_ipc.py"), str(path), str(workers),
+                               str(defaults()["ipc"]["threads"])], stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not path.exists():
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"bench/_bare_ipc.py did not start ({workers} workers)")
+            time.sleep(0.05)
+        time.sleep(0.5 * workers)  # the workers boot after the master binds
+        return run_load(path, "send", f"ceiling{workers}", args.clients, args.procs, args.seconds, args.warmup,
+                        _process_tree(server.pid))
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
 # --- raw SQLite --------------------------------------------------------------------------------------------------
 
 
@@ -418,6 +449,8 @@ def main(argv: list[str] | None = None) -> int:
         null_load = run_load(null_path, "send", "null", args.clients, procs, args.seconds, args.warmup, [null.pid])
         null.terminate()
         null.join(10)
+        console.print("the IPC stack with no work behind it (1 and 2 worker processes) ...")
+        ceilings = [stack_ceiling(work, workers, args) for workers in (1, 2)]
         rounds = []
         for index in range(args.rounds):
             console.print(f"round {index + 1}: raw SQLite commits, GET /v1/health, POST /v1/send ...")
@@ -456,9 +489,11 @@ def main(argv: list[str] | None = None) -> int:
     table.add_row("raw SQLite commit (1 conn, WAL, FULL)", f"{raw_rate:,.0f}",
                   f"{statistics.median(raw_times) * 1000:.2f}",
                   f"{statistics.quantiles(raw_times, n=100)[98] * 1000:.2f}", str(len(raw_times)), "-", "-", "-", "-")
-    for load in (null_load, health, send):
-        name = {"null": "null responder, POST (load generator max)", "health": "daemon GET /v1/health",
-                "send": "daemon POST /v1/send (durable)"}[load.label]
+    for load in (null_load, *ceilings, health, send):
+        name = {"null": "null responder, POST (load generator max)",
+                "ceiling1": "ceiling: bare IPC stack, 1 process, POST",
+                "ceiling2": "ceiling: bare IPC stack, 2 processes, POST",
+                "health": "daemon GET /v1/health", "send": "daemon POST /v1/send (durable)"}[load.label]
         answers = ", ".join(f"{status}: {count}" for status, count in sorted(load.statuses.items()))
         per_request = "-" if load.server_cpu_s is None else (
             f"{load.server_cpu_s / max(sum(load.statuses.values()), 1) * 1e6:.0f} us")
@@ -480,6 +515,9 @@ def main(argv: list[str] | None = None) -> int:
         ("(info) delivered: rows the broker acked by the end of the send phase",
          f"{delivered} of {rows} ({delivered / max(rows, 1):.0%})", "not a target: a daemon whose drain loop lags "
          "defers CPU past the window", None),
+        ("(info) the stack's ceiling against the raw commit rate",
+         f"1 process {ceilings[0].rate / raw_rate:.2f}, 2 processes {ceilings[1].rate / raw_rate:.2f}",
+         "below 1.0, send/raw-commit >= 1.0 is out of reach with that many processes", None),
         ("load generator not the bottleneck", f"null {null_load.rate:,.0f}/s = {headroom:.1f} x the faster daemon "
          f"rate; clients used {send.client_cores:.2f} cores during send", ">= 2 x", headroom >= 2),
     ]

@@ -1,0 +1,59 @@
+"""The daemon's IPC stack with no work behind it: the ceiling rows of bench/send_throughput.py.
+
+    python bench/_bare_ipc.py SOCKET WORKERS THREADS
+
+Serves a Falcon app whose routes answer ``GET /v1/health`` and ``POST /v1/send`` with a constant body (the POST body is
+read, as the daemon reads it), on the daemon's own gunicorn worker class with the daemon's gunicorn settings, on a
+unix socket, until SIGTERM. Its rate is what the daemon would reach if validation, the outbox transaction, the fsync
+and the broker link cost nothing: no daemon built on this stack with ``WORKERS`` processes answers faster.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import falcon
+from gunicorn.app.base import BaseApplication
+
+from reference.daemon.server import LingeringThreadWorker
+
+BODY = (b'{"client_message_id":"bench-00000000-0000000000","status":"queued","duplicate":false,'
+        b'"request_fingerprint":"' + b"0" * 64 + b'"}')
+
+
+class _Answer:
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        resp.content_type = falcon.MEDIA_JSON
+        resp.data = BODY
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        req.bounded_stream.read()
+        resp.status = falcon.HTTP_202
+        resp.content_type = falcon.MEDIA_JSON
+        resp.data = BODY
+
+
+class _BareServer(BaseApplication):
+    def __init__(self, socket_path: str, workers: int, threads: int):
+        self.settings = {"bind": [f"unix:{socket_path}"], "workers": workers, "worker_class": LingeringThreadWorker,
+                         "threads": threads, "timeout": 30, "keepalive": 5, "accesslog": None, "errorlog": "-",
+                         "loglevel": "warning", "control_socket_disable": True}
+        super().__init__()
+
+    def load_config(self) -> None:
+        for key, value in self.settings.items():
+            if key in self.cfg.settings:  # control_socket_disable exists from gunicorn 27 on
+                self.cfg.set(key, value)
+
+    def load(self) -> falcon.App:
+        app = falcon.App()
+        app.add_route("/v1/health", _Answer())
+        app.add_route("/v1/send", _Answer())
+        return app
+
+
+if __name__ == "__main__":
+    _BareServer(sys.argv[1], int(sys.argv[2]), int(sys.argv[3])).run()
