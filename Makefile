@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.meshspec-installed
 
-.PHONY: setup conform test lint slow
+.PHONY: setup conform test lint slow slow-bounded bench
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -26,5 +26,18 @@ test: $(STAMP) lint
 	$(BIN)/meshd spec check
 	$(BIN)/python -m pytest -q -m "not slow"
 
+# Soak and scale runs at full size (minutes per test) ...
 slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
+
+# ... and the bounded form CI runs after `make test`: every slow test, at sizes that keep it to a few minutes.
+slow-bounded: $(STAMP)
+	MESHSPEC_SLOW_KILLS=150 MESHSPEC_SLOW_BUDGET=60 MESHSPEC_SLOW_EVENTS=2M $(BIN)/python -m pytest -q -m slow
+
+# The benchmarks (bench/README.md): the speed targets of the issues, printed as ratios. Minutes, not seconds.
+bench: $(STAMP)
+	$(BIN)/pip install --quiet -e '.[bench]'
+	$(BIN)/python bench/send_throughput.py
+	$(BIN)/python bench/broker_accept.py
+	$(BIN)/python bench/trace_check.py
+	$(BIN)/python bench/conformance_run.py
