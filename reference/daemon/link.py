@@ -233,8 +233,10 @@ class BrokerLink(threading.Thread):
             if self._stopping.is_set():
                 break
             attempt += 1
-            self._wake.wait(self._reconnect_delay(attempt))
-            self._wake.clear()
+            # Only stopping cuts the backoff short: an accept's wake() must not, or a burst of sends while the broker
+            # is away spends every attempt at once and leaves the next one at the cap (the first turn after a
+            # reconnect drains whatever was accepted meanwhile).
+            self._stopping.wait(self._reconnect_delay(attempt))
 
     def _connect(self) -> websocket.WebSocket:
         url = self.config["broker"]["url"]

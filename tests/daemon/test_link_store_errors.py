@@ -61,3 +61,41 @@ def test_a_failed_ack_batch_reconnects_and_every_row_still_reaches_done(tmp_path
             assert runtime.link.state.reconnects >= 1
         finally:
             runtime.close()
+
+
+def test_sends_while_the_broker_is_away_do_not_spend_the_reconnect_backoff(tmp_path: Path):
+    """Reconnects follow the backoff schedule whatever the IPC side does: 30 sends in the first second of an outage
+    make no extra connection attempts. (A wake() per accept once cut the wait short, so the attempts went out 2 ms
+    apart and the next delay reached the 30 s cap: a daemon stayed away for half a minute after a one-second broker
+    restart.) The broker is a port nobody listens on; ``_connect`` is counted, not replaced."""
+    from conformance.launch import free_port
+
+    state = tmp_path / "daemon"
+    config = load(None, {"broker": {"url": f"ws://127.0.0.1:{free_port()}"}, "ipc": {"tcp_enabled": False},
+                         "reconnect": {"initial_ms": 1000, "max_ms": 30000, "jitter": 0.0}})
+    preflight(state, config)
+    runtime = Runtime(state, config)
+    attempts = []
+    original = runtime.link._connect
+
+    def counted():
+        attempts.append(time.monotonic())
+        return original()
+
+    runtime.link._connect = counted
+    runtime.start()
+    try:
+        client = falcon.testing.TestClient(runtime.app)
+        unix = {"meshd.transport": "unix"}
+        wait_until(lambda: attempts, "the first connection attempt")
+        for i in range(30):
+            answer = client.simulate_post("/v1/send", json={"to": "#general", "message": f"m{i}"},
+                                          headers={"Idempotency-Key": f"away-{i}"}, extras=unix)
+            assert answer.status_code == 202, answer.text
+            time.sleep(0.02)
+        time.sleep(max(0.0, attempts[0] + 0.9 - time.monotonic()))
+        assert len(attempts) == 1, [round(t - attempts[0], 3) for t in attempts]
+        wait_until(lambda: len(attempts) >= 2, "the second attempt, one backoff step later", timeout=5)
+        assert 0.9 <= attempts[1] - attempts[0] <= 1.5, attempts[1] - attempts[0]
+    finally:
+        runtime.close()
