@@ -20,7 +20,7 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from . import client, identity
+from . import client, identity, logs
 from .config import ConfigError, load
 
 CI_VARIABLES = ("CI", "GITHUB_ACTIONS", "GITLAB_CI", "BUILDKITE", "CIRCLECI", "JENKINS_URL")
@@ -68,15 +68,15 @@ def cmd_up(args: argparse.Namespace) -> int:
     from .server import record_exit, serve
 
     state_dir = _state_dir(args)
+    config_path = args.config or state_dir / "config.toml"
     try:
-        config = load(args.config or state_dir / "config.toml", _overrides(args))
+        config = load(config_path, _overrides(args))
     except ConfigError as exc:
         err.print(f"meshd: invalid configuration: {exc}")
         return 3
     if args.detach:
         return _detach(args, state_dir)
-    logging.basicConfig(level=config["daemon"]["log_level"], stream=sys.stderr,
-                        format='{"ts":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":%(message)r}')
+    logs.configure(config["daemon"]["log_level"])
     try:
         for note in preflight(state_dir, config):
             logging.getLogger("meshd").info("%s", note)
@@ -90,7 +90,10 @@ def cmd_up(args: argparse.Namespace) -> int:
                                                                                                    reason))
         return runtime.app, runtime
 
-    return serve(state_dir, config.values, build)
+    def log_level() -> str:
+        return load(config_path, _overrides(args))["daemon"]["log_level"]
+
+    return serve(state_dir, config.values, build, log_level)
 
 
 def _detach(args: argparse.Namespace, state_dir: Path) -> int:

@@ -5,11 +5,14 @@ gthread worker gives every request and every event stream its own thread, and ``
 ``max_inflight + max_streams`` so long SSE streams can never starve other requests. The master binds both listeners
 (port 0 picks a free port, written to ``http.port``), then forks the worker, which builds the daemon in ``load()``.
 A fatal condition in the worker (failed negotiation, say) is written to ``exit_reason.json`` and the master is asked
-to stop; ``serve`` then exits with the recorded code (E-15).
+to stop; ``serve`` then exits with the recorded code (E-15). SIGHUP re-reads ``daemon.log_level`` in the master and
+the worker; it never restarts the worker (gunicorn's own SIGHUP boots a second worker before the first has gone,
+and the daemon's state must have one owner).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -23,6 +26,8 @@ from typing import Any
 
 from gunicorn.app.base import BaseApplication
 from gunicorn.workers.gthread import ThreadWorker
+
+from .logs import JsonGunicornLogger
 
 log = logging.getLogger("meshd")
 EXIT_REASON = "exit_reason.json"
@@ -91,10 +96,12 @@ def _readable(sock: socket.socket, timeout: float) -> bool:
 class DaemonServer(BaseApplication):
     """gunicorn embedded: ``build()`` runs in the worker and returns (wsgi app, shutdown callable)."""
 
-    def __init__(self, state_dir: Path, config: dict[str, dict[str, Any]], build: Callable[[], tuple[Callable, Any]]):
+    def __init__(self, state_dir: Path, config: dict[str, dict[str, Any]], build: Callable[[], tuple[Callable, Any]],
+                 log_level: Callable[[], str] | None = None):
         self.state_dir = state_dir
         self.daemon_config = config
         self.build = build
+        self.log_level = log_level
         self.runtime: Any = None
         super().__init__()
 
@@ -115,6 +122,7 @@ class DaemonServer(BaseApplication):
             "keepalive": 5,
             "accesslog": None,
             "errorlog": "-",
+            "logger_class": JsonGunicornLogger,
             "loglevel": self.daemon_config["daemon"]["log_level"].lower(),
             "proc_name": "meshd",
             "control_socket_disable": True,
@@ -139,7 +147,28 @@ class DaemonServer(BaseApplication):
                 port_file = self.state_dir / "http.port"
                 port_file.write_text(f"{address[1]}\n", encoding="ascii")
                 os.chmod(port_file, 0o644)
+        server.handle_hup = lambda: self._hangup(server)
         log.info("daemon_started pid=%s sock=%s", os.getpid(), sock_path)
+
+    def _reload_log_level(self) -> None:
+        """Set this process's log level from the configuration as it is now; a bad file keeps the current one."""
+        if self.log_level is None:
+            return
+        try:
+            level = self.log_level()
+        except Exception as exc:  # ConfigError, OSError: the running daemon keeps going as it is
+            log.warning("sighup: configuration not re-read (%s); log level unchanged", exc)
+            return
+        logging.getLogger().setLevel(level)
+        logging.getLogger("gunicorn.error").setLevel(level)
+        log.info("sighup: log_level=%s", level)
+
+    def _hangup(self, server: Any) -> None:
+        """The master's SIGHUP: re-read the log level here and in the worker, which keeps running."""
+        self._reload_log_level()
+        for pid in list(server.WORKERS):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGHUP)
 
     def _post_worker_init(self, worker: Any) -> None:
         original = worker.handle_exit
@@ -151,6 +180,7 @@ class DaemonServer(BaseApplication):
 
         signal.signal(signal.SIGTERM, drain_then_exit)
         signal.signal(signal.SIGINT, drain_then_exit)
+        signal.signal(signal.SIGHUP, lambda sig, frame: self._reload_log_level())
         if self.runtime is not None:
             self.runtime.start(stop_master=lambda: os.kill(worker.ppid, signal.SIGTERM))
 
@@ -177,14 +207,16 @@ def recorded_exit(state_dir: Path) -> tuple[int, str] | None:
         path.unlink(missing_ok=True)
 
 
-def serve(state_dir: Path, config: dict[str, dict[str, Any]], build: Callable[[], tuple[Callable, Any]]) -> int:
-    """Run the daemon until it is stopped; returns the process exit code (E-15)."""
+def serve(state_dir: Path, config: dict[str, dict[str, Any]], build: Callable[[], tuple[Callable, Any]],
+          log_level: Callable[[], str] | None = None) -> int:
+    """Run the daemon until it is stopped; returns the process exit code (E-15). ``log_level`` reads the
+    configured level again (SIGHUP)."""
     (state_dir / EXIT_REASON).unlink(missing_ok=True)
     (state_dir / "daemon.sock").unlink(missing_ok=True)
     master = os.getpid()
     code = 0
     try:
-        DaemonServer(state_dir, config, build).run()
+        DaemonServer(state_dir, config, build, log_level).run()
     except SystemExit as exc:
         if os.getpid() != master:  # the forked worker unwinds through this frame too: let it exit as it wants
             raise

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -302,3 +303,48 @@ def test_tcp_client_reads_the_port_file(daemon):
     assert port == daemon.port
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", verify=False) as client:
         assert client.get("/v1/version").status_code == 401
+
+
+def test_every_log_line_is_one_json_object(broker, make_daemon):
+    """The daemon's stderr, its own records and gunicorn's, is JSON lines with ts, level, logger and msg -- also for
+    a message with quotes and a broker that goes away (it once wrote Python reprs: single quotes, not JSON)."""
+    daemon = make_daemon(broker.url)
+    with daemon.unix() as client:
+        assert client.post("/v1/send", json={"to": "#t", "message": 'say "hi"'}).status_code == 202
+    first = broker.wait_connected()
+    broker.drop(1011, "going away")
+    broker.wait_for(lambda: broker.wait_connected() > first, timeout=15, what="the reconnect")
+    daemon.stop()
+    lines = [line for line in daemon.log_path.read_text().splitlines() if line.strip()]
+    records = [json.loads(line) for line in lines]
+    assert all(set(r) >= {"ts", "level", "logger", "msg"} for r in records)
+    assert {"meshd", "meshd.link", "gunicorn.error"} <= {r["logger"] for r in records}
+    assert any(r["level"] == "WARNING" and r["logger"] == "meshd.link" for r in records)
+
+
+def test_sighup_rereads_the_log_level_and_keeps_the_worker(broker, make_daemon):
+    """config daemon.log_level: SIGHUP re-reads it in the master and the worker. The worker, the broker connection
+    and the accepted rows stay as they are (gunicorn's own SIGHUP would boot a second worker, with its own broker
+    link, before the first had gone); a configuration that no longer loads keeps the running level."""
+    daemon = make_daemon(broker.url)
+    connection = broker.wait_connected()
+    with daemon.unix() as client:
+        assert client.post("/v1/send", json={"to": "#t", "message": "before"}).status_code == 202
+    config = daemon.state_dir / "config.toml"
+    config.write_text(FAST.replace("[daemon]\n", '[daemon]\nlog_level = "DEBUG"\n'))
+
+    def logged(text: str) -> int:
+        return daemon.log_path.read_text().count(text)
+
+    os.kill(daemon.process.pid, signal.SIGHUP)
+    broker.wait_for(lambda: logged("sighup: log_level=DEBUG") == 2, timeout=10, what="master and worker re-read")
+    broker.drop(1011, "reconnect to log at DEBUG")
+    broker.wait_for(lambda: broker.wait_connected() > connection, timeout=15, what="the reconnect")
+    broker.wait_for(lambda: logged("feature_negotiation_response"), timeout=10, what="a DEBUG record")
+    config.write_text("[daemon\n")  # no longer TOML
+    os.kill(daemon.process.pid, signal.SIGHUP)
+    broker.wait_for(lambda: logged("configuration not re-read") == 2, timeout=10, what="both to keep their level")
+    assert logged("Booting worker") == 1 and logged("Hang up") == 0
+    with daemon.unix() as client:
+        assert client.get("/v1/health").json()["connected"]
+        assert len(client.get("/v1/outbox").json()["items"]) == 1
