@@ -103,3 +103,43 @@ class BrokerTarget:
             except (ProcessLookupError, subprocess.TimeoutExpired):
                 self.kill9()
         shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+class ReferenceBrokerProcess:
+    """The reference broker (SQLite, ``--dev``) as a process on a fixed port, so daemons reconnect to the same URL
+    after ``stop()`` and ``start()`` (graceful, SIGTERM; the store and, with ``trace``, the trace files carry over).
+    For recordings and end-to-end tests that need a broker that goes away and comes back, traced."""
+
+    def __init__(self, root: Path, trace: Path | None = None, lease_s: float = 1.0):
+        self.root, self.trace, self.lease_s, self.port = root, trace, lease_s, free_port()
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.root / "broker.log"
+
+    def start(self, timeout: float = 30.0) -> ReferenceBrokerProcess:
+        port_file = self.root / "broker.port"
+        port_file.unlink(missing_ok=True)
+        traced = ["--trace-dir", str(self.trace), "--trace-strict"] if self.trace is not None else []
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "reference.cli", "broker", "serve", "--store",
+                 f"sqlite:///{self.root / 'broker.db'}", "--listen", f"127.0.0.1:{self.port}", "--port-file",
+                 str(port_file), "--dev", "--lease-s", str(self.lease_s), *traced],
+                stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while not port_file.exists():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise BrokerTargetError(f"the reference broker did not start:\n{self.log_path.read_text()[-3000:]}")
+            time.sleep(0.05)
+        return self
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            self.process.wait(timeout=30)

@@ -11,8 +11,6 @@ daemon rows to broker commits apply too.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -21,8 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conformance.broker_target import REFERENCE_BROKER
-from conformance.launch import REFERENCE_TEMPLATE, Launched, free_port
+from conformance.broker_target import REFERENCE_BROKER, ReferenceBrokerProcess
+from conformance.launch import REFERENCE_TEMPLATE, Launched
 from spark_checks import format as fmt
 from spark_checks import oracle
 from spark_checks.cli import validate_files
@@ -84,37 +82,6 @@ def test_the_broker_conformance_run_trace_passes_every_check(spark, conformance_
 
 # --- a traced mesh ------------------------------------------------------------------------------------------------
 
-class Broker:
-    """The reference broker on a fixed port (so daemons reconnect to it after a restart), traced."""
-
-    def __init__(self, root: Path, trace: Path):
-        self.root, self.trace, self.port = root, trace, free_port()
-        self.process: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        port_file = self.root / "broker.port"
-        port_file.unlink(missing_ok=True)
-        with (self.root / "broker.log").open("ab") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "reference.cli", "broker", "serve", "--store",
-                 f"sqlite:///{self.root / 'broker.db'}", "--listen", f"127.0.0.1:{self.port}", "--port-file",
-                 str(port_file), "--dev", "--lease-s", "1.0", "--trace-dir", str(self.trace), "--trace-strict"],
-                stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
-        deadline = time.monotonic() + 30
-        while not port_file.exists():
-            assert self.process.poll() is None and time.monotonic() < deadline, (self.root / "broker.log").read_text()
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            self.process.wait(timeout=30)
-
-
 def outbox(daemon: Launched) -> list[dict]:
     with daemon.unix() as client:
         return client.get("/v1/outbox", params={"limit": 500}).json()["items"]
@@ -155,8 +122,7 @@ def send(daemon: Launched, ids: range, prefix: str) -> None:
 def mesh_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("mesh")
     trace = root / "trace"
-    broker = Broker(root, trace)
-    broker.start()
+    broker = ReferenceBrokerProcess(root, trace).start()
     daemons = []
     try:
         for name in ("a", "b"):
