@@ -1,11 +1,12 @@
 """The daemon's IPC stack with no work behind it: the ceiling rows of bench/send_throughput.py.
 
-    python bench/_bare_ipc.py SOCKET WORKERS THREADS
+    python bench/_bare_ipc.py SOCKET WORKERS
 
-Serves a Falcon app whose routes answer ``GET /v1/health`` and ``POST /v1/send`` with a constant body (the POST body is
-read, as the daemon reads it), on the daemon's own gunicorn worker class with the daemon's gunicorn settings, on a
-unix socket, until SIGTERM. Its rate is what the daemon would reach if validation, the outbox transaction, the fsync
-and the broker link cost nothing: no daemon built on this stack with ``WORKERS`` processes answers faster.
+Serves a Falcon app whose routes answer ``GET /v1/health`` and ``POST /v1/send`` with a constant body (the POST body
+is read, as the daemon reads it), with the daemon's own gunicorn settings (``serving_settings`` at the default
+configuration) but ``WORKERS`` worker processes, on a unix socket, until SIGTERM. Its rate is what the daemon would
+reach if validation, the outbox transaction, the fsync and the broker link cost nothing: no daemon built on this
+stack with ``WORKERS`` processes answers faster.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import falcon
 from gunicorn.app.base import BaseApplication
 
-from reference.daemon.server import LingeringThreadWorker
+from reference.daemon.config import defaults
+from reference.daemon.server import serving_settings
 
 BODY = (b'{"client_message_id":"bench-00000000-0000000000","status":"queued","duplicate":false,'
         b'"request_fingerprint":"' + b"0" * 64 + b'"}')
@@ -37,16 +39,15 @@ class _Answer:
 
 
 class _BareServer(BaseApplication):
-    def __init__(self, socket_path: str, workers: int, threads: int):
-        self.settings = {"bind": [f"unix:{socket_path}"], "workers": workers, "worker_class": LingeringThreadWorker,
-                         "threads": threads, "timeout": 30, "keepalive": 5, "accesslog": None, "errorlog": "-",
-                         "loglevel": "warning", "control_socket_disable": True}
+    def __init__(self, socket_path: str, workers: int):
+        config = defaults()
+        config["daemon"]["log_level"] = "WARNING"
+        self.settings = {**serving_settings(config), "bind": [f"unix:{socket_path}"], "workers": workers}
         super().__init__()
 
     def load_config(self) -> None:
         for key, value in self.settings.items():
-            if key in self.cfg.settings:  # control_socket_disable exists from gunicorn 27 on
-                self.cfg.set(key, value)
+            self.cfg.set(key, value)
 
     def load(self) -> falcon.App:
         app = falcon.App()
@@ -56,4 +57,4 @@ class _BareServer(BaseApplication):
 
 
 if __name__ == "__main__":
-    _BareServer(sys.argv[1], int(sys.argv[2]), int(sys.argv[3])).run()
+    _BareServer(sys.argv[1], int(sys.argv[2])).run()

@@ -296,23 +296,31 @@ def _null_server(path: str, ready: Any) -> None:
 
 def stack_ceiling(work: Path, workers: int, args: argparse.Namespace) -> Load:
     """The send load against bench/_bare_ipc.py with ``workers`` gunicorn worker processes."""
-    from reference.daemon.config import defaults
-
     path = work / f"bare{workers}.sock"
-    server = subprocess.Popen([sys.executable, str(REPO / "bench" / "_bare_ipc.py"), str(path), str(workers),
-                               str(defaults()["ipc"]["threads"])], stdout=subprocess.DEVNULL)
+    server = subprocess.Popen([sys.executable, str(REPO / "bench" / "_bare_ipc.py"), str(path), str(workers)],
+                              stdout=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30
-        while not path.exists():
+        while not _answers(path):  # the master binds first; a worker answers once it has booted
             if server.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"bench/_bare_ipc.py did not start ({workers} workers)")
             time.sleep(0.05)
-        time.sleep(0.5 * workers)  # the workers boot after the master binds
         return run_load(path, "send", f"ceiling{workers}", args.clients, args.procs, args.seconds, args.warmup,
                         _process_tree(server.pid))
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def _answers(path: Path) -> bool:
+    """Whether a server on the unix socket ``path`` answers a health request."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(2.0)
+            sock.connect(str(path))
+            return _exchange(sock, _request("health", ""))[0] == 200
+    except OSError:
+        return False
 
 
 # --- raw SQLite --------------------------------------------------------------------------------------------------

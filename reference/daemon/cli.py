@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from . import client, identity, logs
-from .config import ConfigError, load
+from .config import Config, ConfigError, load
 
 CI_VARIABLES = ("CI", "GITHUB_ACTIONS", "GITLAB_CI", "BUILDKITE", "CIRCLECI", "JENKINS_URL")
 console = Console()
@@ -69,8 +69,12 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     state_dir = _state_dir(args)
     config_path = args.config or state_dir / "config.toml"
+
+    def current() -> Config:
+        return load(config_path, _overrides(args))
+
     try:
-        config = load(config_path, _overrides(args))
+        config = current()
     except ConfigError as exc:
         err.print(f"meshd: invalid configuration: {exc}")
         return 3
@@ -90,10 +94,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                                                                                                    reason))
         return runtime.app, runtime
 
-    def log_level() -> str:
-        return load(config_path, _overrides(args))["daemon"]["log_level"]
-
-    return serve(state_dir, config.values, build, log_level)
+    return serve(state_dir, config.values, build, lambda: current()["daemon"]["log_level"])
 
 
 def _detach(args: argparse.Namespace, state_dir: Path) -> int:

@@ -93,6 +93,25 @@ def _readable(sock: socket.socket, timeout: float) -> bool:
         return False
 
 
+def serving_settings(config: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The gunicorn settings the daemon serves with, binds and hooks aside (bench/_bare_ipc.py measures the same)."""
+    return {
+        "workers": 1,
+        "worker_class": LingeringThreadWorker,
+        "threads": int(config["ipc"]["threads"]),
+        "umask": 0o077,
+        "timeout": 30,
+        "graceful_timeout": int(float(config["daemon"]["drain_timeout_s"])) + 5,
+        "keepalive": 5,
+        "accesslog": None,
+        "errorlog": "-",
+        "logger_class": JsonGunicornLogger,
+        "loglevel": config["daemon"]["log_level"].lower(),
+        "proc_name": "meshd",
+        "control_socket_disable": True,
+    }
+
+
 class DaemonServer(BaseApplication):
     """gunicorn embedded: ``build()`` runs in the worker and returns (wsgi app, shutdown callable)."""
 
@@ -112,20 +131,8 @@ class DaemonServer(BaseApplication):
             host = ipc["http_bind"]
             binds.append(f"[{host}]:{ipc['http_port']}" if ":" in host else f"{host}:{ipc['http_port']}")
         settings = {
+            **serving_settings(self.daemon_config),
             "bind": binds,
-            "workers": 1,
-            "worker_class": LingeringThreadWorker,
-            "threads": int(ipc["threads"]),
-            "umask": 0o077,
-            "timeout": 30,
-            "graceful_timeout": int(float(self.daemon_config["daemon"]["drain_timeout_s"])) + 5,
-            "keepalive": 5,
-            "accesslog": None,
-            "errorlog": "-",
-            "logger_class": JsonGunicornLogger,
-            "loglevel": self.daemon_config["daemon"]["log_level"].lower(),
-            "proc_name": "meshd",
-            "control_socket_disable": True,
             "when_ready": self._when_ready,
             "post_worker_init": self._post_worker_init,
             "worker_exit": self._worker_exit,
