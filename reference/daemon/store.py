@@ -258,12 +258,19 @@ class _SqliteStore:
         self._readers_lock = threading.Lock()
         self._idle_readers: list[sqlite3.Connection] = []
         self._closed = False
-        if not self.path.exists():
+        existed = self.path.exists()
+        if not existed:
             # §1: the databases are 0600; SQLite gives the -wal and -shm files the mode of the database file.
             os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
         writer = None
         try:
             writer = self._connect()
+            if existed:
+                # Damage must be found before the migrations read the schema: a mangled schema_version page reads as
+                # "no migration applied" and the migration then fails as if the schema were ours to fix.
+                found = [row[0] for row in writer.execute("PRAGMA quick_check").fetchall()]
+                if found != ["ok"]:
+                    raise self._corrupt("; ".join(map(str, found[:5])))
             mode_set = writer.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if str(mode_set).lower() != "wal":
                 raise StoreError(f"{self.path}: cannot switch to WAL (journal_mode is {mode_set})")

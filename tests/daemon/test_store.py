@@ -889,3 +889,29 @@ def test_quarantine_of_an_inbox_failing_integrity_check(tmp_path):
     with store:
         assert quarantined is not None and quarantined.exists()
         assert store.page() == ([], None)
+
+
+def _scramble_after(path, start: int) -> None:
+    size = path.stat().st_size
+    with path.open("r+b") as handle:
+        handle.seek(start)
+        handle.write(bytes(range(7, 251)) * ((size - start) // 244 + 1))
+
+
+def test_damage_is_found_before_the_migrations_read_the_schema(tmp_path):
+    """A mangled schema page used to read as "no migration applied", the migration then failed on the existing
+    tables, and the daemon exited 1 instead of refusing (outbox, exit 5) or quarantining (inbox)."""
+    from reference.core import OutboxPolicy
+    from reference.daemon.store import InboxStore, OutboxCorrupt, OutboxStore
+
+    OutboxStore(tmp_path / "outbox.db", OutboxPolicy(), "FULL").close()
+    InboxStore.open_or_quarantine(tmp_path / "inbox.db")[0].close()
+    for name in ("outbox.db", "inbox.db"):
+        _scramble_after(tmp_path / name, 4096 + 200)
+    with pytest.raises(OutboxCorrupt):
+        OutboxStore(tmp_path / "outbox.db", OutboxPolicy(), "FULL")
+    store, quarantined = InboxStore.open_or_quarantine(tmp_path / "inbox.db")
+    try:
+        assert quarantined is not None and quarantined.name.startswith("inbox.db.corrupt-")
+    finally:
+        store.close()
