@@ -58,6 +58,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     if getattr(args, "no_tcp", False):
         put("ipc", "tcp_enabled", False)
     put("trace", "dir", str(args.trace_dir) if getattr(args, "trace_dir", None) else None)
+    put("daemon", "clock_file", str(args.clock_file) if getattr(args, "clock_file", None) else None)
     if getattr(args, "mesh", None) and args.mesh != "default":
         put("daemon", "mesh", args.mesh)
     return values
@@ -399,6 +400,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--port", type=int, help="TCP port (0 picks one)")
     up.add_argument("--no-tcp", action="store_true", help="unix socket only")
     up.add_argument("--trace-dir", type=Path, help="write JSONL trace events here")
+    up.add_argument("--clock-file", type=Path, help="testing: add the seconds in this file to the wall clock")
     up.add_argument("--detach", action="store_true", help="start in the background and return once it answers")
     up.set_defaults(func=cmd_up)
 

@@ -23,6 +23,8 @@ KEYS: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
         "display_name": ("", str, "name announced to peers in hello"),
         "log_level": ("INFO", str, "DEBUG, INFO, WARNING or ERROR; SIGHUP re-reads it"),
         "drain_timeout_s": (5.0, (int, float), "how long SIGTERM waits for outstanding acks (E-15)"),
+        "clock_file": ("", str, "testing only: a file whose number of seconds is added to the wall clock (the "
+                       "conformance harness's clock hook, also --clock-file)"),
     },
     "broker": {
         "url": ("", str, "broker WebSocket URL, e.g. ws://127.0.0.1:7900"),

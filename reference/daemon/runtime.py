@@ -13,13 +13,13 @@ import ipaddress
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ulid import ULID
 
+from reference.clock import WallClock
 from reference.core import OutboxPolicy
 from reference.trace import TraceWriter
 
@@ -134,7 +134,7 @@ def preflight(state_dir: Path, config: Config) -> list[str]:
                              "a backup or move it aside by hand") from exc
     try:
         outbox.integrity_check()
-        recovered = outbox.recover(int(time.time() * 1000))
+        recovered = outbox.recover(WallClock(config["daemon"]["clock_file"]).ms())
     except OutboxCorrupt as exc:
         raise PreflightError(EXIT_OUTBOX, f"{exc}; refusing to start") from exc
     finally:
@@ -165,9 +165,11 @@ class Runtime:
         self.config = config
         self._on_fatal = on_fatal
         self._stop_master: Callable[[], None] | None = None
+        self.clock = WallClock(config["daemon"]["clock_file"])
         self.keypair, _ = identity.load_or_mint_keypair(state_dir)
         self.token = identity.load_or_mint_token(state_dir)
-        self.trace = TraceWriter(trace_dir, "daemon", daemon_node(self.keypair)) if trace_dir else None
+        self.trace = (TraceWriter(trace_dir, "daemon", daemon_node(self.keypair), clock=self.clock) if trace_dir
+                      else None)
         self.outbox = OutboxStore(state_dir / "outbox.db", policy_for(config), config["outbox"]["synchronous"],
                                   trace=self._trace_store if self.trace else None)
         self.inbox, _ = InboxStore.open_or_quarantine(state_dir / "inbox.db")
@@ -176,12 +178,13 @@ class Runtime:
         self.metrics = DaemonMetrics(self.outbox)
         self.link = BrokerLink(config=config.values, keypair=self.keypair, outbox=self.outbox,
                                inbox=InboxReceiver(self.inbox, self.bus), publish=self.bus.publish,
-                               on_fatal=self._fatal, metrics=self.metrics, trace=self.trace)
+                               on_fatal=self._fatal, metrics=self.metrics, trace=self.trace, clock=self.clock)
         self.metrics.link = self.link
         self.committer = GroupCommitter(self.outbox.accept_batch, float(config["outbox"]["group_commit_ms"]) / 1000)
         self.ctx = DaemonContext(config=config.values, token=self.token, outbox=self.outbox, inbox=self.inbox,
                                  link=self.link, events=self.bus, committer=self.committer, metrics=self.metrics,
-                                 member_pubkey=self.keypair.public_hex)
+                                 member_pubkey=self.keypair.public_hex, clock=self.clock,
+                                 started_at=self.clock())
         self.app = create_app(self.ctx, self.requeue)
         self._closed = threading.Event()
 
@@ -201,7 +204,7 @@ class Runtime:
 
     def requeue(self, outbox_id: str, new_client_message_id: str | None, actor: str) -> dict[str, Any]:
         """§4.5.3 for the IPC route and the CLI: returns {aborted_row_id, new_row_id, new_client_message_id}."""
-        return requeue(self.outbox, outbox_id, new_client_message_id, actor, self.link.wake)
+        return requeue(self.outbox, outbox_id, new_client_message_id, actor, self.link.wake, self.clock)
 
     def shutdown(self) -> None:
         """SIGTERM: refuse writes, end the streams, wait for outstanding acks, close the link (E-15)."""
@@ -224,7 +227,7 @@ class Runtime:
 
 
 def requeue(outbox: OutboxStore, outbox_id: str, new_client_message_id: str | None, actor: str,
-            wake: Callable[[], None] = lambda: None) -> dict[str, Any]:
+            wake: Callable[[], None] = lambda: None, clock: WallClock | None = None) -> dict[str, Any]:
     """Shared by POST /v1/outbox/requeue and `meshd outbox requeue`; raises Problem on refusal."""
     from reference.core import is_client_message_id
 
@@ -233,7 +236,7 @@ def requeue(outbox: OutboxStore, outbox_id: str, new_client_message_id: str | No
     cmid = new_client_message_id or str(ULID())
     successor_id = str(ULID())
     try:
-        result = outbox.requeue(outbox_id, cmid, successor_id, int(time.time() * 1000), actor=actor)
+        result = outbox.requeue(outbox_id, cmid, successor_id, (clock or WallClock()).ms(), actor=actor)
     except OutboxRowNotFound as exc:
         raise Problem("outbox_row_not_found", f"no outbox row {outbox_id}") from exc
     except NewIdInUse as exc:
