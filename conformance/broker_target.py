@@ -38,6 +38,7 @@ class BrokerTarget:
     template: str | None = None
     mesh_id: str = "meshconform"
     store_dsn: str | None = None
+    lease_s: float | None = None
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="meshconform-broker-")))
     port: int = field(default_factory=free_port)
     process: subprocess.Popen | None = None

@@ -1,11 +1,15 @@
 """`meshconform`: certify an implementation of the claudemesh daemon protocol v0.9.0 against meshspec.
 
     meshconform run [--target reference | unix:///path/daemon.sock | http://127.0.0.1:PORT] [--token-file F]
-                    [--launch TEMPLATE] [--strict] [--select ID ...] [--deselect ID ...] [--seed N]
-                    [--case-timeout S] [--report-dir DIR]
+                    [--launch TEMPLATE] [--dialect auto|meshspec|claudemesh] [--timing KEY=VALUE,...]
+                    [--strict] [--spec-only] [--select ID ...] [--deselect ID ...] [--seed N]
+                    [--case-timeout S] [--deadline S] [--report-dir DIR]
+    meshconform broker [--url ws://… | --launch TEMPLATE] [--lease-s S] [...]
     meshconform list [--json]
 
-Exit codes: 0 every MUST passed (and every SHOULD with --strict), 1 a failure, 2 a harness error.
+Exit codes: 0 every MUST passed (and every SHOULD with --strict), 1 a failure, 2 a fault of the harness itself.
+The report keeps the spec's own requirements and meshspec's profile (errata, OpenAPI shape) apart; --spec-only
+makes the exit code count the spec's requirements only.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -41,10 +46,11 @@ class _Progress:
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
-            self.progress.update(self.task, advance=1, description=report.nodeid.split("::")[-1][:60])
+            name = report.nodeid.split("::")[-1]
+            self.progress.update(self.task, advance=1, description=escape(name[:60]))
             if report.failed:
                 self.failed.append(report.nodeid)
-                self.progress.console.print(f"[red]FAIL[/red] {report.nodeid.split('::')[-1]}")
+                self.progress.console.print(f"[red]FAIL[/red] {escape(name)}")
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         self.progress.stop()
@@ -54,7 +60,8 @@ def _pytest_args(args: argparse.Namespace) -> list[str]:
     broker = args.command == "broker"
     argv = [str(registry.BROKER_CASES_DIR if broker else registry.CASES_DIR), "-p", "conformance.plugin",
             "-p", "no:cacheprovider", "-p", "no:terminal", "-o", "addopts=", "-o", "testpaths=",
-            "--rootdir", str(registry.CASES_DIR.parent), f"--timeout={args.case_timeout}"]
+            "-p", "no:timeout", "--rootdir", str(registry.CASES_DIR.parent),
+            f"--meshspec-case-timeout={args.case_timeout}", f"--meshspec-deadline={args.deadline}"]
     if broker:
         if args.url:
             argv.append(f"--meshspec-broker-url={args.url}")
@@ -62,9 +69,14 @@ def _pytest_args(args: argparse.Namespace) -> list[str]:
             argv.append(f"--meshspec-broker-launch={args.launch or 'reference'}")
         if args.store_dsn:
             argv.append(f"--meshspec-store-dsn={args.store_dsn}")
+        if args.lease_s is not None:
+            argv.append(f"--meshspec-lease-s={args.lease_s}")
         argv.append(f"--meshspec-mesh-id={args.mesh_id}")
     else:
         argv.append(f"--meshspec-target={args.target}")
+        argv.append(f"--meshspec-dialect={args.dialect}")
+        for value in args.timing or ():
+            argv.append(f"--meshspec-timing={value}")
     if args.launch and not broker:
         argv.append(f"--meshspec-launch={args.launch}")
     if getattr(args, "token_file", None):
@@ -73,6 +85,8 @@ def _pytest_args(args: argparse.Namespace) -> list[str]:
         argv.append(f"--meshspec-broker-listen={args.broker_listen}")
     if args.strict:
         argv.append("--meshspec-strict")
+    if args.spec_only:
+        argv.append("--meshspec-spec-only")
     for value in args.select or ():
         argv.append(f"--meshspec-select={value}")
     for value in args.deselect or ():
@@ -129,25 +143,29 @@ class _Capture:
 
 
 def summarize(report: dict) -> None:
+    """Print both parts of the verdict (spec, profile), every failure with what it violates, and the totals."""
     s = report["summary"]
-    table = Table(title=f"meshconform — {report['target']} — seed {report['seed']}")
-    for column in ("requirement", "level", "verdict", "cases"):
-        table.add_column(column)
-    colors = {"pass": "green", "fail": "red", "skip": "yellow", "not_checked": "dim"}
+    colors = {"pass": "green", "fail": "red", "error": "magenta", "skip": "yellow", "not_checked": "dim"}
+    for kind, title in (("spec", "spec conformance (the spec's own MUST/SHOULD)"),
+                        ("profile", "meshspec profile (errata decisions, OpenAPI shape)")):
+        table = Table(title=escape(f"{title} — {report.get('target_name') or report['target']}"))
+        for column in ("requirement", "level", "verdict", "reason"):
+            table.add_column(column)
+        for r in report["requirements"]:
+            if r["kind"] != kind or r["verdict"] == "not_checked":
+                continue
+            table.add_row(r["id"], r["level"], f"[{colors[r['verdict']]}]{r['verdict']}[/]", escape(r["reason"][:90]))
+        console.print(table)
     for r in report["requirements"]:
-        if r["verdict"] == "not_checked":
-            continue
-        table.add_row(r["id"], r["level"], f"[{colors[r['verdict']]}]{r['verdict']}[/]", ", ".join(r["cases"]))
-    console.print(table)
-    for case in report["cases"]:
-        if case["outcome"] in ("failed", "error"):
-            last = case["detail"].strip().splitlines()[-1] if case["detail"].strip() else case["outcome"]
-            console.print(f"[red]{case['outcome'].upper()}[/red] {case['id']}: {last}\n  replay: {case['replay']}")
+        if r["verdict"] in ("fail", "error"):
+            console.print(f"[red]{r['verdict'].upper()}[/red] {r['id']} ({r['level']}, {r['kind']}): "
+                          f"{escape(r['reason'][:300])}\n  violates: {escape(r['cite'][:300])}")
     for error in report["harness_errors"]:
-        console.print(f"[magenta]harness error:[/magenta] {error}")
+        console.print(f"[magenta]harness error:[/magenta] {escape(error)}")
     verdict_color = {"pass": "green", "fail": "red", "error": "magenta"}[s["verdict"]]
-    console.print(f"[bold {verdict_color}]{s['verdict'].upper()}[/] — cases {s['cases']} — requirements "
-                  f"{s['requirements']} — {report['duration_s']} s")
+    console.print(f"[bold {verdict_color}]{s['verdict'].upper()}[/] — spec {s['spec']['verdict']} "
+                  f"{s['spec']['requirements']} — profile {s['profile']['verdict']} {s['profile']['requirements']} — "
+                  f"cases {s['cases']} — {report['duration_s']} s")
 
 
 def list_cases(args: argparse.Namespace) -> int:
@@ -173,7 +191,15 @@ def main(argv: list[str] | None = None) -> int:
     runner.add_argument("--select", action="append", help="case or requirement ids (prefix match), repeatable")
     runner.add_argument("--deselect", action="append", help="case or requirement ids to leave out")
     runner.add_argument("--seed", type=int, help="seed for randomised cases (printed in every replay command)")
-    runner.add_argument("--case-timeout", type=float, default=60.0, help="per-case timeout in seconds")
+    runner.add_argument("--dialect", choices=("auto", "meshspec", "claudemesh"), default="auto",
+                        help="the broker dialect the scripted peer speaks (auto: read from the hello)")
+    runner.add_argument("--timing", action="append",
+                        help="the target's timing, key=value,... (retry_base_ms, retry_max_ms, retry_multiplier, "
+                             "retry_jitter, poll_ms, ack_timeout_s, reconnect_initial_ms, reconnect_max_ms, ...)")
+    runner.add_argument("--spec-only", action="store_true",
+                        help="the exit code counts the spec's own requirements only, not meshspec's profile")
+    runner.add_argument("--case-timeout", type=float, default=90.0, help="per test node timeout in seconds")
+    runner.add_argument("--deadline", type=float, default=1800.0, help="the whole run's deadline in seconds")
     runner.add_argument("--report-dir", type=Path, help="write report.json, junit.xml, report.md, report.html")
     runner.add_argument("--quiet", action="store_true", help="no progress bar")
     runner.add_argument("--record-reference", action="store_true",
@@ -185,9 +211,12 @@ def main(argv: list[str] | None = None) -> int:
                          "broker on SQLite")
     brokers.add_argument("--store-dsn", help="the broker's store (sqlite:///… or postgresql://…) for the inventory")
     brokers.add_argument("--mesh-id", default="meshconform")
-    for name, kwargs in (("--strict", {"action": "store_true"}), ("--select", {"action": "append"}),
-                         ("--deselect", {"action": "append"}), ("--seed", {"type": int}),
-                         ("--case-timeout", {"type": float, "default": 60.0}), ("--report-dir", {"type": Path}),
+    brokers.add_argument("--lease-s", type=float,
+                         help="the broker's delivery lease (default: what it advertises, else 30 s)")
+    for name, kwargs in (("--strict", {"action": "store_true"}), ("--spec-only", {"action": "store_true"}),
+                         ("--select", {"action": "append"}), ("--deselect", {"action": "append"}),
+                         ("--seed", {"type": int}), ("--case-timeout", {"type": float, "default": 120.0}),
+                         ("--deadline", {"type": float, "default": 1800.0}), ("--report-dir", {"type": Path}),
                          ("--quiet", {"action": "store_true"})):
         brokers.add_argument(name, **kwargs)
     brokers.add_argument("--record-reference", action="store_true",

@@ -3,19 +3,27 @@
 An implementation is described by a command template whose placeholders the harness fills in:
 
 * ``{broker_url}`` — the scripted broker peer's WebSocket URL the implementation must connect to;
-* ``{state_dir}`` — an empty directory the implementation keeps its state in (and must keep across restarts);
-* ``{socket}`` — the unix socket path the implementation must listen on (``{state_dir}/daemon.sock``);
+* ``{state_dir}`` — an empty directory the implementation keeps its state in (and must keep across restarts); the
+  harness writes ``{state_dir}/config.toml`` (``{config}``) with short retry timings first;
+* ``{socket}`` — the unix socket path it should listen on (``{state_dir}/daemon.sock``);
 * ``{port}`` — a free TCP port on 127.0.0.1 for the bearer-token listener (0 is never passed);
-* ``{token_file}`` — where the implementation writes its bearer token (``{state_dir}/local_token``).
+* ``{token_file}`` — where it should write its bearer token (``{state_dir}/local_token``);
+* ``{target_file}`` — where it MAY write a JSON description (spec/schemas/harness/target.json) of the socket, token
+  file and port it actually uses, its timing, and whether it honours the clock hook — for implementations (or their
+  adapters, see ``conformance/adapters/``) that cannot follow the paths above;
+* ``{clock_file}`` — the clock hook: a file holding a decimal number of seconds to add to the wall clock (``0`` at
+  start; the harness rewrites it to move time forward, e.g. to age a row past its max age in a bounded run).
 
-The harness runs the command in its own process group, waits until ``GET /v1/health`` answers on the socket, and
-for crash tests sends SIGKILL to the whole group and runs the same command again. Without a launch command the
-restart-dependent requirements are skipped with that reason, never passed.
+The same values are in the environment as ``MESHCONFORM_<NAME>`` (``MESHCONFORM_BROKER_URL`` …). The harness runs
+the command in its own process group, waits until ``GET /v1/health`` answers on the socket, and for crash tests
+sends SIGKILL to the whole group and runs the same command again. Without a launch command the restart-dependent
+requirements are skipped with that reason, never passed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shlex
 import signal
@@ -25,13 +33,17 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
+from spec import validator
+
 REFERENCE_TEMPLATE = (
     f"{shlex.quote(sys.executable)} -m reference.cli up --state-dir {{state_dir}} --broker-url {{broker_url}} "
-    "--port {port}"
+    "--port {port} --clock-file {clock_file}"
 )
+PLACEHOLDERS = ("broker_url", "state_dir", "socket", "port", "token_file", "target_file", "clock_file", "config")
 
 
 class LaunchError(RuntimeError):
@@ -42,6 +54,25 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def check_template(template: str) -> None:
+    """Refuse a template naming an unknown placeholder (a typo would otherwise start a broken command)."""
+    try:
+        template.format(**{name: "" for name in PLACEHOLDERS})
+    except (KeyError, IndexError, ValueError) as exc:
+        raise LaunchError(f"launch template {template!r}: {exc!r}; placeholders: "
+                          f"{', '.join('{' + p + '}' for p in PLACEHOLDERS)}") from exc
+
+
+@dataclass
+class Description:
+    """What the launched implementation declared in ``{target_file}`` (empty when it wrote nothing)."""
+
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.raw.get(name, default)
 
 
 @dataclass
@@ -56,28 +87,65 @@ class Launched:
     ready_timeout: float = 30.0
     process: subprocess.Popen | None = None
     starts: int = 0
+    description: Description = field(default_factory=Description)
+
+    # --- where it listens (its own description wins over the placeholders) ----------------------------------
+    @property
+    def target_file(self) -> Path:
+        return self.state_dir.parent / f"{self.state_dir.name}.target.json"
+
+    @property
+    def clock_file(self) -> Path:
+        return self.state_dir.parent / f"{self.state_dir.name}.clock"
 
     @property
     def socket_path(self) -> Path:
-        return self.state_dir / "daemon.sock"
+        return Path(self.description.get("socket") or self.state_dir / "daemon.sock")
 
     @property
     def token_file(self) -> Path:
-        return self.state_dir / "local_token"
+        return Path(self.description.get("token_file") or self.state_dir / "local_token")
+
+    @property
+    def tcp_port(self) -> int | None:
+        return self.description.get("port", self.port)
+
+    @property
+    def fixed_port(self) -> bool:
+        return bool(self.description.get("fixed_port", False))
 
     @property
     def log_path(self) -> Path:
         return self.state_dir.parent / f"{self.state_dir.name}.log"
 
+    def file(self, name: str) -> Path:
+        """Where one of the files the spec names lives (``outbox_db``, ``inbox_db``, ``host_fingerprint`` …)."""
+        files = self.description.get("files") or {}
+        default = {"outbox_db": "outbox.db", "inbox_db": "inbox.db", "host_fingerprint": "host_fingerprint.json",
+                   "local_token": "local_token", "state_dir": "."}[name]
+        return Path(files.get(name) or self.state_dir / default)
+
+    def values(self) -> dict[str, str]:
+        return {"broker_url": self.broker_url, "state_dir": str(self.state_dir),
+                "socket": str(self.state_dir / "daemon.sock"), "port": str(self.port),
+                "token_file": str(self.state_dir / "local_token"), "target_file": str(self.target_file),
+                "clock_file": str(self.clock_file), "config": str(self.state_dir / "config.toml")}
+
     def command(self) -> list[str]:
-        text = self.template.format(broker_url=self.broker_url, state_dir=self.state_dir, socket=self.socket_path,
-                                    port=self.port, token_file=self.token_file)
-        return shlex.split(text)
+        return shlex.split(self.template.format(**self.values()))
+
+    def set_clock(self, offset_s: float) -> None:
+        """Move the implementation's wall clock (the clock hook) ``offset_s`` seconds ahead of real time."""
+        temporary = self.clock_file.with_suffix(".tmp")
+        temporary.write_text(f"{offset_s:.3f}\n", encoding="ascii")
+        os.replace(temporary, self.clock_file)
 
     def start(self, wait: bool = True) -> Launched:
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        if not self.clock_file.exists():
+            self.set_clock(0)
         log = self.log_path.open("ab")
-        env = {**os.environ, **self.env}
+        env = {**os.environ, **{f"MESHCONFORM_{k.upper()}": v for k, v in self.values().items()}, **self.env}
         self.process = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
                                         start_new_session=True)
         log.close()
@@ -86,33 +154,34 @@ class Launched:
             self.wait_ready()
         return self
 
+    def read_description(self) -> None:
+        """Load ``{target_file}`` when the implementation wrote one; a malformed one is a launch error."""
+        if not self.target_file.exists():
+            return
+        try:
+            document = json.loads(self.target_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise LaunchError(f"{self.target_file}: not JSON: {exc}") from exc
+        errors = [e.message for e in validator("harness/target").iter_errors(document)]
+        if errors:
+            raise LaunchError(f"{self.target_file}: not a target description: {errors[0]}")
+        self.description = Description(document)
+
     def wait_ready(self) -> None:
         deadline = time.monotonic() + self.ready_timeout
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
                 raise LaunchError(f"exited with {self.process.returncode} before answering:\n{self.tail()}")
+            self.read_description()
             if self.socket_path.exists():
                 try:
-                    with self.unix() as client:
+                    with self.unix(timeout=2.0) as client:
                         if client.get("/v1/health").status_code < 500:
                             return
                 except httpx.HTTPError:
                     pass
             time.sleep(0.05)
         raise LaunchError(f"no answer on {self.socket_path} within {self.ready_timeout:g} s:\n{self.tail()}")
-
-    def wait_connected(self, timeout: float = 15.0) -> None:
-        """Wait until the implementation reports its broker link up (GET /v1/health ``connected``)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                with self.unix() as client:
-                    if client.get("/v1/health").json().get("connected"):
-                        return
-            except (httpx.HTTPError, ValueError):
-                pass
-            time.sleep(0.05)
-        raise LaunchError(f"the broker link did not come up within {timeout:g} s:\n{self.tail()}")
 
     def tail(self, lines: int = 40) -> str:
         try:
@@ -124,13 +193,23 @@ class Launched:
         transport = httpx.HTTPTransport(uds=str(self.socket_path), verify=False)  # plain HTTP: no TLS context
         return httpx.Client(transport=transport, base_url="http://localhost", timeout=timeout)
 
+    def token(self) -> str | None:
+        try:
+            return self.token_file.read_text(encoding="utf-8").strip()
+        except OSError:
+            return None
+
     def tcp(self, token: str | None = None, timeout: float = 10.0) -> httpx.Client:
         headers = {}
-        if token is None and self.token_file.exists():
-            token = self.token_file.read_text().strip()
+        token = token if token is not None else self.token()
         if token:
             headers["Authorization"] = f"Bearer {token}"
-        return httpx.Client(base_url=f"http://127.0.0.1:{self.port}", headers=headers, timeout=timeout, verify=False)
+        return httpx.Client(base_url=f"http://127.0.0.1:{self.tcp_port}", headers=headers, timeout=timeout,
+                            verify=False)
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
 
     def kill9(self) -> None:
         """SIGKILL the whole process group (a crash: nothing runs on the way down)."""
@@ -138,7 +217,8 @@ class Launched:
             return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait(timeout=10)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=10)
         _wait_group_gone(self.process.pid)
 
     def stop(self, timeout: float = 20.0) -> int | None:

@@ -1,16 +1,39 @@
-"""The scripted broker peer: a WebSocket server speaking the spec's broker protocol, under test control.
+"""The scripted broker peer: a WebSocket server speaking the broker protocol, under test control.
 
 An implementation under test connects to it as it would to a broker. By default the peer behaves like a correct
-broker, deciding every ``send`` with the spec's own accept table over an in-memory dedupe store (201 first, 200
+broker, deciding every ``send`` with the spec's accept table over an in-memory dedupe store (201 first, 200
 duplicate for an equal fingerprint, 409 for a different one). A test overrides that per message or globally: answer
 201 / 200 / 409 / any other 4xx / 5xx, answer late, stay silent (the row stays inflight), drop the connection,
 advertise missing or invalid feature parameters; and it pushes inbound messages and redeliveries. Every frame in
-both directions is recorded with a timestamp, and so is how each connection closed (code and reason), for the
-assertions.
+both directions is recorded with a timestamp, and so is how each connection closed (code and reason).
+
+Theory of operation — dialects. The spec fixes what a broker decides, not how its frames look on the wire (the
+WebSocket encoding is meshspec's E-10 / E-28). The peer therefore speaks two dialects and picks one per connection
+(``PeerConfig.dialect``: ``meshspec``, ``claudemesh`` or ``auto``, which reads it from the hello):
+
+* ``meshspec`` — the frames of ``spec/schemas/broker``; a ``send`` carries the request's fields, so the peer
+  recomputes its fingerprint like a broker (E-21) and can see canonical-form drift.
+* ``claudemesh`` — the upstream daemon's frames (``send`` carries ``targetSpec``/``nonce``/``ciphertext`` and the
+  claimed ``request_fingerprint``; pushes carry ``ciphertext`` as base64 of the body; ``list_peers`` correlates by
+  ``_reqId``). The peer cannot recompute a fingerprint from such a frame, so it dedupes on the claimed one, as
+  upstream's broker does.
+
+Acks are a superset in both dialects: the E-10 members (``status``, ``broker_message_id``, ``duplicate``,
+``conflict`` …) next to the legacy ``id``/``messageId``/``queued``/``error`` that upstream reads, so the spec's
+outcome name always reaches the implementation.
+
+Negotiation is optional: after ``hello_ack`` the peer waits ``negotiation_wait_s`` for a
+``feature_negotiation_request``. Whatever happens is recorded per connection (``Link.negotiation``); a first frame
+of another type is processed normally. A connection counts as *linked* — from the peer's own evidence, never from
+the implementation's health report — once its hello verified, ``hello_ack`` went out and negotiation either
+completed or was found absent.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import contextlib
 import json
 import threading
 import time
@@ -24,9 +47,11 @@ from ulid import ULID
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.server import Server, ServerConnection, serve
 
-from reference.core import settle
-from reference.core.fingerprint import FingerprintInput, fingerprint_prefix, request_fingerprint
+from reference.core import fingerprint_prefix, settle
 from spec import validator
+
+from . import wire
+from .wire import SendSeen
 
 DEFAULT_SUPPORTED: dict[str, dict[str, Any]] = {
     "client_message_id_dedupe": {"params": {"version": 1, "mode": "retention_scoped", "dedupe_retention_days": 7,
@@ -36,6 +61,7 @@ DEFAULT_SUPPORTED: dict[str, dict[str, Any]] = {
     "key_epoch": {"params": {"version": 1, "max_concurrent_epochs": 2}},
     "max_payload": {"params": {"version": 1, "inline_bytes": 65536, "blob_bytes": 524288000}},
 }
+DIALECTS = ("auto", "meshspec", "claudemesh")
 
 
 @dataclass(frozen=True)
@@ -52,6 +78,7 @@ class Outcome:
     history_available: bool = True
     delay_s: float = 0.0
     conflict: str = "request_fingerprint_mismatch"
+    retry_after_s: float | None = None
 
 
 AUTO = Outcome()
@@ -69,7 +96,7 @@ def conflict(kind: str = "request_fingerprint_mismatch") -> Outcome:
     return Outcome("conflict", conflict=kind)
 
 
-def reject(status: int = 403, error: str = "not_a_member") -> Outcome:
+def reject(status: int = 404, error: str = "destination_not_found") -> Outcome:
     return Outcome("reject", status=status, error=error)
 
 
@@ -98,6 +125,22 @@ class Closed:
 
 
 @dataclass
+class Link:
+    """One connection's handshake, as the peer saw it."""
+
+    connection: int
+    opened_at: float
+    hello: dict[str, Any] | None = None
+    hello_errors: list[str] = field(default_factory=list)
+    signature_ok: bool | None = None
+    dialect: str = "meshspec"
+    negotiation: dict[str, Any] | None = None  # the request, when one came
+    negotiation_state: str = "pending"  # pending | requested | absent
+    linked_at: float | None = None
+    first_after_ack: str | None = None  # the type of the first frame after hello_ack
+
+
+@dataclass
 class _Dedupe:
     broker_message_id: str
     fingerprint: bytes
@@ -116,6 +159,16 @@ class PeerConfig:
     answer_peers: bool = True
     peers: list[dict[str, Any]] = field(default_factory=list)
     broker_version: str = "0.9.0-scripted"
+    dialect: str = "auto"
+    negotiation_wait_s: float = 2.0
+    hello_wait_s: float = 10.0
+
+
+def detect_dialect(hello: dict[str, Any]) -> str:
+    """The dialect a hello announces: upstream's daemon names its channel and carries process details."""
+    if hello.get("channel") == "claudemesh-daemon" or ("protocolVersion" not in hello and "sessionPubkey" in hello):
+        return "claudemesh"
+    return "meshspec"
 
 
 class ScriptedBroker:
@@ -123,11 +176,14 @@ class ScriptedBroker:
 
     def __init__(self, config: PeerConfig | None = None, host: str = "127.0.0.1", port: int = 0):
         self.config = config or PeerConfig()
+        if self.config.dialect not in DIALECTS:
+            raise ValueError(f"unknown dialect {self.config.dialect!r}: one of {', '.join(DIALECTS)}")
         self.host = host
         self._port = port
         self.frames: list[Recorded] = []
         self.closes: list[Closed] = []
         self.hellos: list[dict[str, Any]] = []
+        self.links: dict[int, Link] = {}
         self.dedupe: dict[str, _Dedupe] = {}
         self.messages: dict[str, dict[str, Any]] = {}  # broker_message_id -> accepted send frame
         self.script: dict[str, list[Outcome]] = {}
@@ -137,7 +193,7 @@ class ScriptedBroker:
         self._next_connection = 0
         self._server: Server | None = None
         self._thread: threading.Thread | None = None
-        self._daemon_check = validator("broker/frame#/$defs/daemon_to_broker")
+        self._hello_check = validator("broker/hello")
         self.on_receive: Callable[[dict[str, Any]], None] | None = None  # runs on the handler thread, per frame
         self.held = threading.Event()
 
@@ -159,7 +215,8 @@ class ScriptedBroker:
     def stop(self) -> None:
         if self._server is not None:
             for connection in list(self._connections.values()):
-                connection.close(1001, "scripted broker stopping")
+                with contextlib.suppress(Exception):
+                    connection.close(1001, "scripted broker stopping")
             self._server.shutdown()
             self._server = None
 
@@ -182,23 +239,42 @@ class ScriptedBroker:
         with self._cond:
             self.default = outcome
 
+    def dialect_of(self, connection: int | None = None) -> str:
+        """The dialect of the newest (or a given) linked connection."""
+        with self._cond:
+            if connection is None:
+                linked = [c for c, link in self.links.items() if link.linked_at is not None]
+                connection = max(linked) if linked else None
+            link = self.links.get(connection) if connection is not None else None
+        if link is not None:
+            return link.dialect
+        return "meshspec" if self.config.dialect == "auto" else self.config.dialect
+
     def push(self, *, body: str, client_message_id: str | None = None, sender: str = "ab" * 32,
              topic: str | None = None, delivery_id: str | None = None, attempt: int = 1,
-             broker_message_id: str | None = None, meta: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Push one inbound message to the connected implementation; returns the frame sent."""
-        frame = {
+             broker_message_id: str | None = None, meta: dict[str, Any] | None = None,
+             connection: int | None = None) -> dict[str, Any]:
+        """Push one inbound message to the connected implementation, in its dialect; returns the frame sent."""
+        conn_id = connection if connection is not None else self.wait_connected()
+        frame: dict[str, Any] = {
             "type": "push", "messageId": broker_message_id or str(ULID()), "meshId": "mesh",
             "senderPubkey": sender, "senderName": "scripted", "topic": topic, "replyToId": None,
-            "priority": "next", "body": body, "meta": meta, "createdAt": _iso(time.time()),
+            "priority": "next", "createdAt": wire.iso(time.time()),
             "client_message_id": client_message_id or str(ULID()), "delivery_id": delivery_id or str(ULID()),
             "attempt": attempt,
         }
-        self.send_raw(frame)
+        if self.dialect_of(conn_id) == "claudemesh":
+            frame.update(nonce="", ciphertext=base64.b64encode(body.encode("utf-8")).decode("ascii"))
+            if meta is not None:
+                frame["meta"] = meta
+        else:
+            frame.update(body=body, meta=meta)
+        self.send_raw(frame, conn_id)
         return frame
 
     def push_system(self, event: str, data: dict[str, Any]) -> None:
         self.send_raw({"type": "push", "subtype": "system", "event": event, "eventData": data, "meshId": "mesh",
-                       "createdAt": _iso(time.time())})
+                       "createdAt": wire.iso(time.time())})
 
     def send_raw(self, frame: dict[str, Any] | str, connection: int | None = None) -> None:
         """Send any frame (or raw text) on the newest (or a given) connection."""
@@ -215,22 +291,23 @@ class ScriptedBroker:
     def hold(self) -> None:
         """Become unreachable: drop every connection and refuse new ones (close 1013) until ``release``.
 
-        Rows the implementation accepts meanwhile stay ``pending``: nothing can be dispatched.
+        Rows the implementation accepts meanwhile cannot be dispatched.
         """
         self.held.set()
         self.drop(1013, "scripted hold")
 
     def release(self, timeout: float = 15.0) -> None:
-        """Accept connections again and wait until the implementation is back."""
+        """Accept connections again and wait until the implementation is linked again."""
         connections = self._next_connection
         self.held.clear()
-        self.wait_for(lambda: self._connections and max(self._connections) > connections, timeout,
+        self.wait_for(lambda: any(c > connections and link.linked_at for c, link in self.links.items()), timeout,
                       "the implementation to reconnect")
 
     def drop(self, code: int = 1011, reason: str = "scripted drop") -> None:
         """Close every connection from the broker side."""
         for connection in list(self._connections.values()):
-            connection.close(code, reason)
+            with contextlib.suppress(Exception):
+                connection.close(code, reason)
 
     # --- observation ---------------------------------------------------------------------------------------
     def _frames(self, direction: str, kind: str | None) -> list[dict[str, Any]]:
@@ -246,6 +323,21 @@ class ScriptedBroker:
         """Frames the peer sent to the implementation."""
         return self._frames("out", kind)
 
+    def sends_of(self, cmid: str) -> list[Recorded]:
+        """Every ``send`` frame the implementation sent for ``cmid``, with its time and connection."""
+        with self._cond:
+            return [r for r in self.frames if r.direction == "in" and r.frame.get("type") == "send"
+                    and r.frame.get("client_message_id", r.frame.get("id")) == cmid]
+
+    def client_acks(self, cmid: str | None = None) -> list[dict[str, Any]]:
+        """``client_ack`` frames, normalised to ``{cmid, broker_message_id, delivery_id, frame}``."""
+        acks = []
+        for frame in self.received("client_ack"):
+            entry = wire.client_ack(frame)
+            if cmid is None or entry["cmid"] == cmid:
+                acks.append(entry)
+        return acks
+
     def wait_for(self, predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
         """Wait until ``predicate()`` is truthy; returns its value or raises TimeoutError naming ``what``."""
         deadline = time.monotonic() + timeout
@@ -256,12 +348,22 @@ class ScriptedBroker:
                     return value
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise TimeoutError(f"scripted broker: timed out waiting for {what}")
+                    raise TimeoutError(f"scripted broker: timed out after {timeout:g} s waiting for {what}")
                 self._cond.wait(min(remaining, 0.1))
 
+    def linked(self) -> Link | None:
+        """The newest open connection that completed its handshake (the peer's own evidence of a link)."""
+        with self._cond:
+            open_links = [link for c, link in self.links.items() if link.linked_at is not None
+                          and c in self._connections]
+            return max(open_links, key=lambda link: link.connection) if open_links else None
+
+    def wait_linked(self, timeout: float = 10.0) -> Link:
+        return self.wait_for(self.linked, timeout, "a linked connection (hello verified, hello_ack sent)")
+
     def wait_connected(self, timeout: float = 10.0) -> int:
-        """The id of the newest connection that finished negotiation."""
-        return self.wait_for(lambda: max(self._connections) if self._connections else None, timeout, "a connection")
+        """The id of the newest linked connection."""
+        return self.wait_linked(timeout).connection
 
     def wait_frame(self, kind: str, count: int = 1, timeout: float = 10.0, direction: str = "in"
                    ) -> list[dict[str, Any]]:
@@ -287,20 +389,21 @@ class ScriptedBroker:
         with self._cond:
             self._next_connection += 1
             conn_id = self._next_connection
+            self.links[conn_id] = Link(conn_id, time.time())
         try:
             if self.held.is_set():
                 ws.close(1013, "try again later")
                 return
-            if not self._handshake(ws, conn_id):
+            first = self._handshake(ws, conn_id)
+            if first is False:
                 return
-            with self._cond:
-                self._connections[conn_id] = ws
-                self._cond.notify_all()
+            if isinstance(first, dict):
+                self._on_frame(ws, conn_id, first)
             for raw in ws:
-                frame = self._parse(ws, conn_id, raw)
+                frame = self._parse(conn_id, raw)
                 if frame is not None:
                     self._on_frame(ws, conn_id, frame)
-        except ConnectionClosed:
+        except (ConnectionClosed, TimeoutError, OSError):
             pass
         finally:
             with self._cond:
@@ -310,35 +413,60 @@ class ScriptedBroker:
                                           time.time()))
                 self._cond.notify_all()
 
-    def _parse(self, ws: ServerConnection, conn_id: int, raw: str | bytes) -> dict[str, Any] | None:
+    def _parse(self, conn_id: int, raw: str | bytes) -> dict[str, Any] | None:
         try:
             frame = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
             self._record("in", {"type": "<unparsable>", "raw": str(raw)[:200]}, conn_id)
+            return None
+        if not isinstance(frame, dict):
+            self._record("in", {"type": "<not-an-object>", "raw": str(raw)[:200]}, conn_id)
             return None
         self._record("in", frame, conn_id)
         return frame
 
-    def _handshake(self, ws: ServerConnection, conn_id: int) -> bool:
-        hello = self._parse(ws, conn_id, ws.recv())
-        if not hello or hello.get("type") != "hello" or list(self._daemon_check.iter_errors(hello)):
+    def _handshake(self, ws: ServerConnection, conn_id: int) -> bool | dict[str, Any] | None:
+        """hello → hello_ack → optional negotiation. False: closed; a dict: the first frame after hello_ack,
+        which was not a negotiation request and still has to be processed; None: nothing pending."""
+        hello = self._parse(conn_id, ws.recv(timeout=self.config.hello_wait_s))
+        link = self.links[conn_id]
+        if not hello or hello.get("type") != "hello":
             ws.close(4005, "protocol_error")
             return False
+        link.hello = hello
+        link.hello_errors = [e.message for e in self._hello_check.iter_errors(hello)]
+        link.dialect = detect_dialect(hello) if self.config.dialect == "auto" else self.config.dialect
         self.hellos.append(hello)
-        if self.config.verify_signatures and not _signature_ok(hello):
+        if not all(isinstance(hello.get(k), str | int) for k in ("meshId", "memberId", "pubkey", "timestamp",
+                                                                    "signature")):
+            ws.close(4005, "protocol_error")
+            return False
+        link.signature_ok = _signature_ok(hello)
+        if self.config.verify_signatures and not link.signature_ok:
             ws.close(4001, "unauthorized")
             return False
         self._send(ws, conn_id, {"type": "hello_ack", "memberId": hello["memberId"], "meshId": hello["meshId"],
                                  "sessionId": f"session-{conn_id}", "brokerVersion": self.config.broker_version,
                                  "serverTime": int(time.time() * 1000)})
-        request = self._parse(ws, conn_id, ws.recv())
-        if not request or request.get("type") != "feature_negotiation_request":
-            ws.close(4005, "protocol_error")
-            return False
-        if self.config.answer_negotiation:
-            self._send(ws, conn_id, {"type": "feature_negotiation_response", "supported": self.config.supported,
-                                     "missing_required": list(self.config.missing_required)})
-        return True
+        with self._cond:
+            self._connections[conn_id] = ws
+        try:
+            first = self._parse(conn_id, ws.recv(timeout=self.config.negotiation_wait_s))
+        except TimeoutError:
+            first = None
+        link.first_after_ack = first.get("type") if first else None
+        if first is not None and first.get("type") == "feature_negotiation_request":
+            link.negotiation, link.negotiation_state = first, "requested"
+            if self.config.answer_negotiation:
+                self._send(ws, conn_id, {"type": "feature_negotiation_response", "supported": self.config.supported,
+                                         "missing_required": list(self.config.missing_required)})
+            first = None
+        else:
+            link.negotiation_state = "absent"
+        with self._cond:
+            link.linked_at = time.time()
+            self._cond.notify_all()
+        return first
 
     def _on_frame(self, ws: ServerConnection, conn_id: int, frame: dict[str, Any]) -> None:
         if self.on_receive is not None:
@@ -347,8 +475,11 @@ class ScriptedBroker:
         if kind == "send":
             self._on_send(ws, conn_id, frame)
         elif kind == "list_peers" and self.config.answer_peers:
-            self._send(ws, conn_id, {"type": "peers_list", "requestId": frame.get("requestId"),
-                                     "peers": self.config.peers})
+            answer: dict[str, Any] = {"type": "peers_list", "peers": self.config.peers}
+            for key in ("requestId", "_reqId"):  # echo whichever correlation member the request used
+                if key in frame:
+                    answer[key] = frame[key]
+            self._send(ws, conn_id, answer)
 
     def _next_outcome(self, cmid: str) -> Outcome:
         with self._cond:
@@ -358,30 +489,33 @@ class ScriptedBroker:
             return self.default
 
     def _on_send(self, ws: ServerConnection, conn_id: int, frame: dict[str, Any]) -> None:
-        cmid = frame.get("client_message_id", "")
-        outcome = self._next_outcome(cmid)
+        seen = wire.send_seen(frame)
+        outcome = self._next_outcome(seen.cmid)
         if outcome.kind == "silent":
             return
         if outcome.kind == "accept_silently":
-            self._decide(frame, AUTO)
+            self.decide(seen, AUTO)
             return
         if outcome.kind == "drop":
             ws.close(1011, "scripted drop")
             return
         if outcome.delay_s:
             time.sleep(outcome.delay_s)
-        ack = self._decide(frame, outcome)
-        self._send(ws, conn_id, ack)
+        self._send(ws, conn_id, self.decide(seen, outcome))
 
-    def _decide(self, frame: dict[str, Any], outcome: Outcome) -> dict[str, Any]:
-        cmid = frame["client_message_id"]
-        fingerprint = _recompute(frame)
-        base = {"type": "ack", "id": cmid, "client_message_id": cmid}
+    def decide(self, seen: SendSeen, outcome: Outcome) -> dict[str, Any]:
+        """The ack a broker sends for ``seen`` under ``outcome`` (recording an accepted message like one would)."""
+        cmid = seen.cmid
+        fingerprint = seen.fingerprint()
+        base = {"type": "ack", "id": seen.frame.get("id", cmid), "client_message_id": cmid}
         if outcome.kind == "auto":
-            existing = self.dedupe.get(cmid)
+            with self._cond:
+                existing = self.dedupe.get(cmid)
             claim = "ours" if existing is None else "theirs"
             match = None if existing is None else ("match" if existing.fingerprint == fingerprint else "mismatch")
-            drift = "differs" if frame.get("request_fingerprint") != fingerprint.hex() else "same"
+            drift = "same"
+            if seen.fields is not None and seen.claimed != fingerprint.hex():
+                drift = "differs"
             known = {"b1": "ok", "drift": drift, "claim": claim, "b2": "ok", "commit": "ok"}
             if match is not None:
                 known["fingerprint"] = match
@@ -389,11 +523,12 @@ class ScriptedBroker:
             outcome = {"201": CREATED, "200": duplicate(True)}.get(decision.http_status) or conflict(
                 decision.conflict or "request_fingerprint_mismatch")
         if outcome.kind in ("created", "duplicate"):
-            entry = self.dedupe.get(cmid)
-            if entry is None or outcome.kind == "created":
-                entry = _Dedupe(str(ULID()), fingerprint, str(ULID()), _iso(time.time()))
-                self.dedupe[cmid] = entry
-                self.messages[entry.broker_message_id] = frame
+            with self._cond:
+                entry = self.dedupe.get(cmid)
+                if entry is None or outcome.kind == "created":
+                    entry = _Dedupe(str(ULID()), fingerprint, str(ULID()), wire.iso(time.time()))
+                    self.dedupe[cmid] = entry
+                    self.messages[entry.broker_message_id] = seen.frame
             body = {**base, "status": 201 if outcome.kind == "created" else 200, "messageId": entry.broker_message_id,
                     "queued": True, "broker_message_id": entry.broker_message_id, "history_id": entry.history_id,
                     "duplicate": outcome.kind == "duplicate"}
@@ -403,26 +538,18 @@ class ScriptedBroker:
         if outcome.kind == "conflict":
             return {**base, "status": 409, "messageId": "", "queued": False, "error": "idempotency_key_reused",
                     "conflict": outcome.conflict, "broker_fingerprint_prefix": fingerprint_prefix(fingerprint)}
-        return {**base, "status": outcome.status, "messageId": "", "queued": False, "error": outcome.error,
+        body = {**base, "status": outcome.status, "messageId": "", "queued": False, "error": outcome.error,
                 "detail": f"scripted {outcome.kind}"}
-
-
-def _recompute(frame: dict[str, Any]) -> bytes:
-    return request_fingerprint(FingerprintInput(
-        destination_kind=frame.get("destination_kind", ""), destination_ref=frame.get("destination_ref", ""),
-        reply_to_id=frame.get("reply_to_id") or "", priority=frame.get("priority", "next"), meta=frame.get("meta"),
-        body=frame.get("body", ""), envelope_version=frame.get("envelope_version", "1")))
+        if outcome.retry_after_s is not None:
+            body["retry_after_s"] = outcome.retry_after_s
+        return body
 
 
 def _signature_ok(hello: dict[str, Any]) -> bool:
     payload = f"{hello['meshId']}|{hello['memberId']}|{hello['pubkey']}|{hello['timestamp']}".encode()
     try:
-        Ed25519PublicKey.from_public_bytes(bytes.fromhex(hello["pubkey"])).verify(
-            bytes.fromhex(hello["signature"]), payload)
-    except (InvalidSignature, ValueError):
+        Ed25519PublicKey.from_public_bytes(bytes.fromhex(str(hello["pubkey"]))).verify(
+            bytes.fromhex(str(hello["signature"])), payload)
+    except (InvalidSignature, ValueError, binascii.Error):
         return False
     return True
-
-
-def _iso(seconds: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{int(seconds % 1 * 1000):03d}Z"

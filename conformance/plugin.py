@@ -2,13 +2,25 @@
 drives the same plugin).
 
 It resolves the target, hands the cases their fixtures (the target, its scripted broker, clients whose every response
-is validated against spec/openapi.yaml), filters cases by case or requirement id, records each case's outcome, and
-at the end turns them into one verdict per requirement and writes the reports.
+is validated against spec/openapi.yaml, the ``verdict`` recorder), filters cases by case or requirement id, turns
+each test node's evidence into per-requirement checks, and at the end writes the reports.
+
+Rules of this file — the harness cannot crash or hang:
+
+* Every test node runs under an alarm (``--case-timeout``, and never past the run's ``--deadline``) that raises
+  ``CaseTimeout``, a BaseException a case's ``except Exception`` cannot swallow; a second alarm breaks a hanging
+  teardown. Nodes that would start after the deadline are skipped with that reason.
+* A node's failure is attributed (verdict.py): explicit checks first; an unattributed target failure fails only the
+  declared requirements the node recorded nothing for. An exception that is not a target failure is a fault of the
+  harness: it is reported as a harness error (exit 2), never as the implementation's failure.
+* A response outside spec/openapi.yaml is evidence against API-CONFORMS (an OpenAPI-shape requirement) only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
+import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -18,26 +30,43 @@ from typing import Any
 import pytest
 
 from . import registry
+from . import timing as timing_mod
 from .contract import ContractClient
 from .peer import ScriptedBroker
 from .target import Target, TargetError
+from .verdict import TARGET_FAILURES, Attributed, Blocked, Check, Verdicts, describe
 
 CASES_DIR = registry.CASES_DIR
+TEARDOWN_GRACE_S = 20.0
+
+
+class CaseTimeout(BaseException):
+    """A test node ran past its alarm."""
+
+
+@dataclass
+class NodeResult:
+    """One test node: its outcome, its detail and the checks it recorded (attributed at the end of the node)."""
+
+    outcome: str = "passed"  # passed | failed | skipped | error
+    detail: str = ""
+    attributed: bool = False  # the failure is already recorded against the requirement it breaks
+    checks: list[Check] = field(default_factory=list)
 
 
 @dataclass
 class CaseResult:
-    """One case (all its parametrisations): ``outcomes`` maps each pytest node to (outcome, detail)."""
+    """One case (all its parametrisations)."""
 
     id: str
     requirements: tuple[str, ...]
     duration_s: float = 0.0
-    outcomes: dict[str, tuple[str, str]] = field(default_factory=dict)
+    nodes: dict[str, NodeResult] = field(default_factory=dict)
 
     @property
     def outcome(self) -> str:
-        """error (setup/teardown broke) > failed > passed > skipped (only when every node skipped)."""
-        seen = {o for o, _ in self.outcomes.values()}
+        """error > failed > passed > skipped (only when every node skipped)."""
+        seen = {n.outcome for n in self.nodes.values()}
         for outcome in ("error", "failed", "passed"):
             if outcome in seen:
                 return outcome
@@ -46,7 +75,7 @@ class CaseResult:
     @property
     def detail(self) -> str:
         wanted = self.outcome
-        return next((d for o, d in self.outcomes.values() if o == wanted), "")
+        return next((n.detail for n in self.nodes.values() if n.outcome == wanted), "")
 
 
 @dataclass
@@ -55,14 +84,22 @@ class RunState:
 
     target_spec: str
     strict: bool
+    spec_only: bool
     seed: int
     report_dir: Path | None
+    case_timeout: float
+    deadline_s: float
     results: dict[str, CaseResult] = field(default_factory=dict)
     deviations: list[Any] = field(default_factory=list)
     started: float = field(default_factory=time.time)
     harness_errors: list[str] = field(default_factory=list)
     target: Target | None = None
-    argv_hint: str = ""
+    verdicts: dict[str, Verdicts] = field(default_factory=dict)
+    deadline_hit: int = 0
+
+    @property
+    def remaining_s(self) -> float:
+        return self.deadline_s - (time.time() - self.started)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -72,16 +109,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--meshspec-launch", default=None, help="launch template (see conformance/launch.py)")
     group.addoption("--meshspec-token-file", default=None, help="bearer token file for an http:// target")
     group.addoption("--meshspec-broker-listen", default="127.0.0.1:0", help="where the scripted broker listens")
+    group.addoption("--meshspec-dialect", default="auto", help="broker dialect: auto | meshspec | claudemesh")
+    group.addoption("--meshspec-timing", action="append", default=[], help="timing key=value (conformance/timing.py)")
     group.addoption("--meshspec-strict", action="store_true", help="SHOULD failures fail the run too")
+    group.addoption("--meshspec-spec-only", action="store_true",
+                    help="the exit code counts the spec's own requirements only, not meshspec's profile")
     group.addoption("--meshspec-select", action="append", default=[], help="case or requirement ids (prefixes)")
     group.addoption("--meshspec-deselect", action="append", default=[], help="case or requirement ids (prefixes)")
     group.addoption("--meshspec-seed", type=int, default=None, help="seed for randomised cases")
     group.addoption("--meshspec-report-dir", default=None, help="write JSON, JUnit XML, Markdown and HTML here")
+    group.addoption("--meshspec-case-timeout", type=float, default=90.0, help="per test node, seconds")
+    group.addoption("--meshspec-deadline", type=float, default=1800.0, help="the whole run, seconds")
     group.addoption("--meshspec-broker-url", default=None, help="broker suite: ws://HOST:PORT of a running broker")
     group.addoption("--meshspec-broker-launch", default=None,
                     help="broker suite: launch template with {port} {state_dir} ('reference' for the reference)")
     group.addoption("--meshspec-store-dsn", default=None, help="broker suite: the broker's store, for the inventory")
     group.addoption("--meshspec-mesh-id", default="meshconform", help="broker suite: the mesh the members join")
+    group.addoption("--meshspec-lease-s", type=float, default=None,
+                    help="broker suite: the broker's delivery lease (default: its advertised one, else 30 s)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -93,12 +138,17 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[STATE] = RunState(
         target_spec=f"broker {broker_spec}" if broker_spec else daemon_spec,
         strict=config.getoption("--meshspec-strict"),
+        spec_only=config.getoption("--meshspec-spec-only"),
         seed=seed if seed is not None else random.SystemRandom().randrange(2**31),
         report_dir=Path(report_dir) if report_dir else None,
+        case_timeout=config.getoption("--meshspec-case-timeout"),
+        deadline_s=config.getoption("--meshspec-deadline"),
     )
+    _CONFIG[:] = [config]
 
 
 STATE = pytest.StashKey[RunState]()
+_CONFIG: list[pytest.Config] = []
 
 
 def _selected(case_id: str, requirements: tuple[str, ...], patterns: list[str]) -> bool:
@@ -110,18 +160,23 @@ def _patterns(values: list[str]) -> list[str]:
     return [p.strip() for v in values for p in v.split(",") if p.strip()]
 
 
+def _case_of(item: pytest.Item) -> tuple[str, tuple[str, ...]] | None:
+    mark = item.get_closest_marker(registry.MARK)
+    if mark is None:
+        return None
+    return mark.args[0], tuple(mark.args[1:])
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     select = _patterns(config.getoption("--meshspec-select"))
     deselect = _patterns(config.getoption("--meshspec-deselect"))
     keep, drop = [], []
     for item in items:
-        mark = item.get_closest_marker(registry.MARK)
-        if mark is None:
+        found = _case_of(item)
+        if found is None:
             keep.append(item)
             continue
-        case_id, requirements = mark.args[0], tuple(mark.args[1:])
-        item.user_properties.append(("case", case_id))
-        item.user_properties.append(("requirements", " ".join(requirements)))
+        case_id, requirements = found
         chosen = (not select or _selected(case_id, requirements, select)) and not (
             deselect and _selected(case_id, requirements, deselect))
         (keep if chosen else drop).append(item)
@@ -130,20 +185,56 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = keep
 
 
+# --- timeouts -------------------------------------------------------------------------------------------------------
+
+
+def _raise_timeout(signum: int, frame: Any) -> None:
+    raise CaseTimeout("the case ran past its timeout")
+
+
+@contextlib.contextmanager
+def _alarm(seconds: float) -> Iterator[None]:
+    previous = signal.signal(signal.SIGALRM, _raise_timeout)
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.01), TEARDOWN_GRACE_S)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    state = item.config.stash[STATE]
+    budget = min(state.case_timeout, state.remaining_s)
+    if _case_of(item) is not None and budget <= 0:
+        state.deadline_hit += 1
+        item.add_marker(pytest.mark.skip(reason=f"the run deadline ({state.deadline_s:g} s) was reached"))
+        budget = 5.0
+    with _alarm(budget):
+        yield
+
+
+# --- fixtures -------------------------------------------------------------------------------------------------------
+
+
 @pytest.fixture(scope="session")
 def mesh_target(request: pytest.FixtureRequest) -> Iterator[Target]:
     """The implementation under test, started (or reached) once per run."""
     config = request.config
     state = config.stash[STATE]
     token = config.getoption("--meshspec-token-file")
-    target = Target(config.getoption("--meshspec-target"), template=config.getoption("--meshspec-launch"),
-                    token_file=Path(token) if token else None,
-                    broker_listen=config.getoption("--meshspec-broker-listen"))
     try:
+        overrides = timing_mod.parse_cli(config.getoption("--meshspec-timing"))
+        target = Target(config.getoption("--meshspec-target"), template=config.getoption("--meshspec-launch"),
+                        token_file=Path(token) if token else None,
+                        broker_listen=config.getoption("--meshspec-broker-listen"),
+                        dialect=config.getoption("--meshspec-dialect"), timing_overrides=overrides)
         target.start()
-    except TargetError as exc:
+    except (TargetError, ValueError) as exc:
         state.harness_errors.append(str(exc))
-        target.close()
+        with contextlib.suppress(Exception):
+            target.close()
         pytest.exit(f"meshconform: {exc}", returncode=2)
     state.target = target
     yield target
@@ -151,20 +242,45 @@ def mesh_target(request: pytest.FixtureRequest) -> Iterator[Target]:
 
 
 @pytest.fixture
+def verdict(request: pytest.FixtureRequest) -> Verdicts:
+    """The checks this test node records (conformance/verdict.py)."""
+    state = request.config.stash[STATE]
+    found = _case_of(request.node)
+    declared = found[1] if found else ()
+    recorder = Verdicts(request.node.nodeid, declared)
+    state.verdicts[request.node.nodeid] = recorder
+    return recorder
+
+
+@pytest.fixture
+def timing(mesh_target: Target) -> timing_mod.Timing:
+    return mesh_target.timing
+
+
+@pytest.fixture
 def broker(mesh_target: Target) -> ScriptedBroker:
-    """The scripted broker the target is connected to; skips the case when the target is not."""
-    if mesh_target.broker is None or not mesh_target.wait_broker_link(timeout=5 if mesh_target.launched else 2):
-        pytest.skip("the target is not connected to the harness's scripted broker (start it with --broker-url "
+    """The scripted broker the target is linked to. A launched target that never linked fails the node (its
+    broker-dependent requirements cannot hold); an already-running one that is not pointed at us skips."""
+    timeout = mesh_target.timing.reconnect_wait_s if mesh_target.launched else 2.0
+    if mesh_target.broker is None or not mesh_target.wait_broker_link(timeout=timeout):
+        if mesh_target.launched is not None:
+            raise AssertionError(f"the implementation is not linked to the harness's broker: "
+                                 f"{mesh_target.link_problem or 'its link went down and did not come back'}")
+        pytest.skip("the target is not connected to the harness's scripted broker (start it with its broker URL "
                     "pointing at --broker-listen)")
     return mesh_target.broker
 
 
 @pytest.fixture
-def launcher(mesh_target: Target) -> Target:
-    """The target, for cases that must start fresh instances or restart them; skips without a launch contract."""
+def launcher(mesh_target: Target) -> Iterator[Target]:
+    """The target, for cases that must start fresh instances or restart them; skips without a launch contract.
+    Fresh instances are stopped afterwards (and a main instance a fixed port made us stop is restarted)."""
     if not mesh_target.can_restart:
         pytest.skip("restart-dependent: the target was not given a launch template (--launch)")
-    return mesh_target
+    try:
+        yield mesh_target
+    finally:
+        mesh_target.release_fresh()
 
 
 @pytest.fixture
@@ -200,7 +316,8 @@ def broker_target(request: pytest.FixtureRequest):
     target = BrokerTarget(url=config.getoption("--meshspec-broker-url"),
                           template=REFERENCE_BROKER if launch == "reference" else launch,
                           mesh_id=config.getoption("--meshspec-mesh-id"),
-                          store_dsn=config.getoption("--meshspec-store-dsn"))
+                          store_dsn=config.getoption("--meshspec-store-dsn"),
+                          lease_s=config.getoption("--meshspec-lease-s"))
     try:
         target.start()
     except BrokerTargetError as exc:
@@ -232,51 +349,96 @@ def store_inventory(broker_target):
     """A callable returning the §4.7.3 inventory violations read directly from the broker's store."""
     if not broker_target.store_dsn:
         pytest.skip("needs --store-dsn: the broker's store is checked directly")
-    from reference.broker.store import open_store
+    from .store_inventory import inventory
 
-    def inventory() -> list[str]:
-        store = open_store(broker_target.store_dsn)
-        try:
-            return [f"{v.kind} {v.ref}: {v.detail}" for v in store.orphan_check()]
-        finally:
-            store.close()
-
-    return inventory
+    return lambda: inventory(broker_target.store_dsn)
 
 
 def _record_deviations(request: pytest.FixtureRequest, client: ContractClient) -> None:
-    state = request.config.stash[STATE]
-    if client.deviations:
-        state.deviations.extend(client.deviations)
-        details = "; ".join(f"{d.method} {d.path} -> {d.status}: {d.error}" for d in client.deviations[:3])
-        pytest.fail(f"responses deviate from spec/openapi.yaml: {details}", pytrace=False)
+    request.config.stash[STATE].deviations.extend(client.deviations)
 
 
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    props = dict(report.user_properties)
-    if "case" not in props or not _CONFIG:
+# --- attribution ----------------------------------------------------------------------------------------------------
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()
+    found = _case_of(item)
+    if found is None:
         return
-    state = _CONFIG[0].stash[STATE]
-    result = state.results.setdefault(props["case"], CaseResult(props["case"], tuple(props["requirements"].split())))
+    case_id, declared = found
+    state = item.config.stash[STATE]
+    result = state.results.setdefault(case_id, CaseResult(case_id, declared))
     result.duration_s += report.duration
-    previous = result.outcomes.get(report.nodeid, ("passed", ""))[0]
-    if report.skipped:
-        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-        result.outcomes[report.nodeid] = ("skipped", reason.removeprefix("Skipped: "))
-    elif report.failed:
-        outcome = "failed" if report.when == "call" else "error"
-        if previous not in ("failed", "error"):
-            result.outcomes[report.nodeid] = (outcome, report.longreprtext[-2000:])
-    elif report.when == "call" and previous != "skipped":
-        result.outcomes[report.nodeid] = ("passed", "")
+    node = result.nodes.setdefault(item.nodeid, NodeResult())
+    recorder = state.verdicts.get(item.nodeid)
+    excinfo = call.excinfo
+    if report.when == "setup" and report.skipped:
+        node.outcome, node.detail = "skipped", _skip_reason(report)
+        return
+    if report.when == "call" or (report.when == "setup" and report.failed):
+        exc = excinfo.value if excinfo is not None else None
+        if report.skipped:
+            node.outcome, node.detail = "skipped", _skip_reason(report)
+        elif exc is None:
+            node.outcome = "passed"
+        elif isinstance(exc, Attributed):
+            node.outcome, node.detail, node.attributed = "failed", str(exc), True
+        elif isinstance(exc, Blocked):
+            node.outcome, node.detail = "skipped", f"not checkable: {exc}"
+            report.outcome = "skipped"
+            report.longrepr = (str(item.path), 0, f"Skipped: not checkable: {exc}")
+        elif isinstance(exc, CaseTimeout):
+            node.outcome = "failed"
+            node.detail = (f"no verdict within the case timeout ({min(state.case_timeout, state.deadline_s):g} s): "
+                           f"the implementation did not answer or act in time\n{_where(report)}")
+        elif isinstance(exc, TARGET_FAILURES):
+            node.outcome, node.detail = "failed", f"{describe(exc)}\n{_where(report)}"
+        else:
+            node.outcome, node.detail = "error", report.longreprtext[-3000:]
+            state.harness_errors.append(f"{item.nodeid}: harness fault {describe(exc)}")
+        if report.when == "setup" and node.outcome == "failed" and isinstance(exc, AssertionError):
+            node.detail = describe(exc)
+        node.checks = _attribute(declared, recorder, node)
+    elif report.when == "teardown" and report.failed and node.outcome != "error":
+        exc = excinfo.value if excinfo is not None else None
+        if isinstance(exc, (CaseTimeout, *TARGET_FAILURES)):
+            return  # a teardown that timed out or lost the target changes no verdict already recorded
+        node.outcome, node.detail = "error", report.longreprtext[-3000:]
+        state.harness_errors.append(f"{item.nodeid}: harness fault in teardown {describe(exc) if exc else ''}")
 
 
-_CONFIG: list[pytest.Config] = []
+def _where(report: pytest.TestReport) -> str:
+    """The innermost frames of a failure's traceback (where in the case it happened)."""
+    crash = getattr(report.longrepr, "reprcrash", None)
+    lines = [line for line in report.longreprtext.splitlines() if line.startswith(("conformance/", "cases/"))
+             or "/conformance/" in line]
+    located = f"at {crash.path}:{crash.lineno}" if crash is not None else ""
+    return "\n".join([located, *lines[-4:]]).strip()
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_sessionstart(session: pytest.Session) -> None:
-    _CONFIG[:] = [session.config]
+def _skip_reason(report: pytest.TestReport) -> str:
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    return reason.removeprefix("Skipped: ")
+
+
+def _attribute(declared: tuple[str, ...], recorder: Verdicts | None, node: NodeResult) -> list[Check]:
+    """The node's checks plus what its ending says about the declared requirements it recorded nothing for."""
+    checks = list(recorder.checks) if recorder is not None else []
+    seen = {c.requirement for c in checks}
+    rest = [r for r in declared if r not in seen]
+    if node.outcome == "passed":
+        if not checks:
+            checks += [Check(r, "pass") for r in rest]
+    elif node.outcome == "skipped":
+        checks += [Check(r, "skip", node.detail) for r in rest]
+    elif node.outcome == "failed" and not node.attributed:
+        checks += [Check(r, "fail", node.detail) for r in rest]
+    elif node.outcome == "error":
+        checks += [Check(r, "error", node.detail) for r in rest]
+    return checks
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -4,10 +4,18 @@ Three shapes:
 
 * ``reference`` — the harness launches the reference daemon itself, against its scripted broker peer;
 * a launch template (``--launch "CMD {broker_url} {state_dir} ..."``) — the same for any implementation (see
-  launch.py for the contract); restart-dependent cases run;
+  launch.py for the contract, conformance/adapters/ for adapters); restart-dependent cases run;
 * an already running daemon (``unix:///path/daemon.sock`` or ``http://127.0.0.1:PORT`` with ``--token-file``) — the
   harness listens for it on ``--broker-listen`` (its scripted broker) but cannot restart it: restart-dependent
   cases are skipped with that reason, never passed.
+
+Whether the implementation is *linked* to the scripted broker is decided from the peer's own evidence (a verified
+hello answered with ``hello_ack``), never from a health member the spec does not define. A launched implementation
+that never links is not a harness error: the cases that need the link fail, naming what the peer saw.
+
+Fixed ports. An implementation whose TCP port does not follow ``{port}`` (it says ``fixed_port`` in its target
+description) cannot run two instances side by side, so ``launch`` stops the main instance while a fresh one runs and
+``release_fresh`` restarts it afterwards (same state directory: a restart, not a new instance).
 """
 
 from __future__ import annotations
@@ -15,13 +23,13 @@ from __future__ import annotations
 import shutil
 import socket
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
-from .launch import REFERENCE_TEMPLATE, Launched, LaunchError
+from . import timing as timing_mod
+from .launch import REFERENCE_TEMPLATE, Launched, LaunchError, check_template
 from .peer import PeerConfig, ScriptedBroker
 
 HARNESS_CONFIG = """
@@ -46,25 +54,40 @@ class Target:
     template: str | None = None
     token_file: Path | None = None
     broker_listen: str = "127.0.0.1:0"
+    dialect: str = "auto"
+    timing_overrides: dict[str, float] = field(default_factory=dict)
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="meshconform-")))
     broker: ScriptedBroker | None = None
     launched: Launched | None = None
     instances: list[Launched] = field(default_factory=list)
+    link_problem: str | None = None
+    timing: timing_mod.Timing = field(default_factory=timing_mod.Timing)
     _socket: Path | None = None
     _http: str | None = None
+    _suspended: Launched | None = None
 
     @property
     def can_restart(self) -> bool:
         return self.template is not None
 
+    def peer_config(self) -> PeerConfig:
+        return PeerConfig(dialect=self.dialect)
+
     def start(self) -> Target:
         host, _, port = self.broker_listen.rpartition(":")
-        self.broker = ScriptedBroker(PeerConfig(), host=host or "127.0.0.1", port=int(port or 0))
+        self.broker = ScriptedBroker(self.peer_config(), host=host or "127.0.0.1", port=int(port or 0))
         self.broker.start()
         if self.spec == "reference":
             self.template = self.template or REFERENCE_TEMPLATE
         if self.template is not None:
-            self.launched = self.launch("main")
+            try:
+                check_template(self.template)
+            except LaunchError as exc:
+                raise TargetError(str(exc)) from exc
+            self.launched = self.launch("main", wait=False)
+            self._ready(self.launched)
+            self.resolve_timing()
+            self.await_link(self.launched)
             return self
         if self.spec.startswith("unix://"):
             self._socket = Path(self.spec.removeprefix("unix://"))
@@ -73,32 +96,89 @@ class Target:
         else:
             raise TargetError(f"unknown target {self.spec!r}: use reference, unix:///path, http://127.0.0.1:PORT")
         try:
-            with self.client() as client:
+            with self.client(self.transports[0]) as client:
                 client.get("/v1/version")
         except httpx.HTTPError as exc:
             raise TargetError(f"cannot reach {self.spec}: {exc}") from exc
+        self.resolve_timing()
         return self
+
+    def resolve_timing(self) -> None:
+        """Timing from --timing, else the target's description, else the config.toml the harness wrote when the
+        target reads it (the reference does), else the meshspec defaults — the report names the source."""
+        declared = self.launched.description.get("timing") if self.launched is not None else None
+        reads_config = self.spec == "reference" or (
+            self.launched is not None and self.launched.description.get("config_toml", False))
+        timing = timing_mod.Timing()
+        if reads_config:
+            timing = timing.with_values(timing_mod.from_config_toml(HARNESS_CONFIG),
+                                        "the config.toml the harness wrote (the target reads it)")
+        if declared:
+            timing = timing.with_values(declared, "the target's description ({target_file})")
+        if self.timing_overrides:
+            timing = timing.with_values(self.timing_overrides, "--timing on the command line")
+        self.timing = timing
+
+    @staticmethod
+    def _ready(instance: Launched) -> None:
+        try:
+            instance.wait_ready()
+        except LaunchError as exc:
+            raise TargetError(f"the target did not start: {exc}") from exc
+
+    def await_link(self, instance: Launched, timeout: float | None = None) -> bool:
+        """Wait for the instance to link to the peer; a missing link is recorded (``link_problem``), not raised."""
+        assert self.broker is not None
+        wait = timeout if timeout is not None else max(15.0, self.timing.hello_timeout_s * 2 + 5)
+        try:
+            self.broker.wait_linked(timeout=wait)
+            self.link_problem = None
+            return True
+        except TimeoutError:
+            seen = list(self.broker.links.values())
+            states = []
+            for link in seen[-3:]:
+                hello = "verified" if link.signature_ok else "refused" if link.hello else "none"
+                schema = f", schema: {link.hello_errors[0]}" if link.hello_errors else ""
+                states.append(f"#{link.connection}: hello {hello}{schema}")
+            self.link_problem = (f"no linked connection within {wait:g} s (the peer saw {len(seen)} connection(s)"
+                                 + (": " + "; ".join(states) if states else "") + ")")
+            return False
 
     def launch(self, name: str, config: str = HARNESS_CONFIG, wait: bool = True,
                broker: ScriptedBroker | None = None) -> Launched:
         """Start a fresh instance (its own state directory) from the launch template."""
         if self.template is None:
             raise TargetError("no launch template")
+        if self.launched is not None and self.launched.fixed_port and name != "main" and self.launched.running:
+            self.launched.stop()
+            self._suspended = self.launched
         state_dir = self.workdir / name
         if state_dir.exists():
             shutil.rmtree(state_dir)
         state_dir.mkdir(mode=0o700, parents=True)
         (state_dir / "config.toml").write_text(config)
         peer = broker or self.broker
+        assert peer is not None
         instance = Launched(self.template, state_dir, peer.url)
         self.instances.append(instance)
         try:
             instance.start(wait=wait)
-            if wait:
-                instance.wait_connected()
         except LaunchError as exc:
             raise TargetError(f"the target did not start: {exc}") from exc
         return instance
+
+    def release_fresh(self) -> None:
+        """Stop every instance but the main one; restart the main one if a fixed port made us stop it."""
+        for instance in self.instances:
+            if instance is not self.launched:
+                instance.stop(timeout=10)
+        self.instances = [i for i in self.instances if i is self.launched]
+        if self._suspended is not None:
+            suspended, self._suspended = self._suspended, None
+            suspended.start(wait=False)
+            self._ready(suspended)
+            self.await_link(suspended, timeout=self.timing.reconnect_wait_s)
 
     def client(self, transport: str = "unix", timeout: float = 10.0) -> httpx.Client:
         """A plain httpx client to the main instance (``unix`` or ``tcp``)."""
@@ -113,6 +193,21 @@ class Target:
                                 headers={"Authorization": f"Bearer {token}"} if token else {})
         raise TargetError(f"the target has no {transport} transport the harness can reach")
 
+    def token(self) -> str | None:
+        if self.launched is not None:
+            return self.launched.token()
+        if self.token_file is not None:
+            return self.token_file.read_text().strip()
+        return None
+
+    def tcp_address(self) -> tuple[str, int] | None:
+        if self.launched is not None:
+            return None if self.launched.tcp_port is None else ("127.0.0.1", int(self.launched.tcp_port))
+        if self._http is not None:
+            url = httpx.URL(self._http)
+            return url.host, url.port or 80
+        return None
+
     def raw_connection(self, transport: str, timeout: float = 20.0) -> tuple[socket.socket, dict[str, str]]:
         """A plain socket to the main instance and the headers every request on it needs (Host, Authorization)."""
         if transport == "unix":
@@ -123,37 +218,33 @@ class Target:
             sock.settimeout(timeout)
             sock.connect(str(path))
             return sock, {"Host": "localhost"}
-        if self.launched is not None:
-            host, port, token_file = "127.0.0.1", self.launched.port, self.launched.token_file
-        elif self._http is not None:
-            url = httpx.URL(self._http)
-            host, port, token_file = url.host, url.port or 80, self.token_file
-        else:
+        address = self.tcp_address()
+        if address is None:
             raise TargetError("the target has no tcp transport the harness can reach")
-        sock = socket.create_connection((host, int(port)), timeout=timeout)
+        host, port = address
+        sock = socket.create_connection((host, port), timeout=timeout)
+        sock.settimeout(timeout)
         headers = {"Host": f"{host}:{port}"}
-        if token_file is not None and Path(token_file).exists():
-            headers["Authorization"] = f"Bearer {Path(token_file).read_text().strip()}"
+        token = self.token()
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
         return sock, headers
 
     @property
     def transports(self) -> list[str]:
         if self.launched is not None:
-            return ["unix", "tcp"]
+            return ["unix", "tcp"] if self.launched.tcp_port is not None else ["unix"]
         return ["unix"] if self._socket is not None else ["tcp"]
 
     def wait_broker_link(self, timeout: float = 15.0) -> bool:
-        """True once the target reports its link to the harness broker up."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                with self.client(self.transports[0]) as client:
-                    if client.get("/v1/health").json().get("connected") and self.broker and self.broker.hellos:
-                        return True
-            except (httpx.HTTPError, ValueError):
-                pass
-            time.sleep(0.1)
-        return False
+        """True once the peer holds a linked connection (hello verified, hello_ack sent)."""
+        if self.broker is None:
+            return False
+        try:
+            self.broker.wait_linked(timeout)
+        except TimeoutError:
+            return False
+        return True
 
     def close(self) -> None:
         for instance in self.instances:

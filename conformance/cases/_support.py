@@ -1,4 +1,10 @@
-"""Small helpers the cases share: polling the target's outbox, unique ids, reading SSE events."""
+"""Helpers the cases share: requests any implementation understands, reading its outbox and inbox without trusting
+their shape, waiting for rows and inbound messages, reading event streams with a deadline.
+
+Rules of this file. Nothing here raises KeyError or TypeError on a surprising answer: a missing member is ``None``
+and a malformed page is an AssertionError naming what came back, so it becomes a verdict. Every loop is bounded —
+by pages (``MAX_PAGES``), by time, or both — so a daemon that streams endless pages or events cannot hang a case.
+"""
 
 from __future__ import annotations
 
@@ -12,32 +18,60 @@ from typing import Any
 
 import httpx
 
+from conformance.wire import json_object
+
 _counter = itertools.count()
 TERMINAL = frozenset({"done", "dead", "aborted"})
+MAX_PAGES = 50
+# The destination every behaviour case sends to: a DM to a 64-hex member key. It is the one `to` every grammar in
+# the claudemesh family maps to the same (dm, <that key>) — meshspec's E-18 and upstream's "anything else is a DM"
+# — so a case about the outbox or the lookup table never depends on meshspec's own `to` grammar (DEST-GRAMMAR).
+RECIPIENT = "5b" * 32
+BODY = {"to": RECIPIENT, "message": "conformance"}
+OTHER = {"to": RECIPIENT, "message": "conformance, but different"}
 
 
 def unique(prefix: str) -> str:
-    """A client_message_id no other case uses in this run."""
-    return f"mc-{prefix}-{int(time.time() * 1000) % 10**9}-{next(_counter)}"
+    """A client_message_id no other case uses in this run (letters, digits and dashes only)."""
+    clean = "".join(c if c.isalnum() else "-" for c in prefix)[:40]
+    return f"mc-{clean}-{int(time.time() * 1000) % 10**9}-{next(_counter)}"
 
 
-def outbox_rows(client: Any) -> list[dict[str, Any]]:
-    """Every outbox row, through GET /v1/outbox (all pages)."""
+def post_send(api: Any, body: dict[str, Any], key: str | None = None, **kwargs: Any) -> httpx.Response:
+    headers = {"Idempotency-Key": key} if key else {}
+    return api.post("/v1/send", json=body, headers=headers, **kwargs)
+
+
+def _items(response: httpx.Response, what: str) -> tuple[list[dict[str, Any]], str | None]:
+    assert response.status_code == 200, f"{what} answered {response.status_code}: {response.text[:200]}"
+    page = json_object(response)
+    items = page.get("items")
+    assert isinstance(items, list), f"{what} answered no items list: {response.text[:200]}"
+    cursor = page.get("next_cursor")
+    return [i for i in items if isinstance(i, dict)], cursor if isinstance(cursor, str) and cursor else None
+
+
+def outbox_rows(client: Any, status: str | None = None) -> list[dict[str, Any]]:
+    """The outbox through GET /v1/outbox: every page there is (following ``next_cursor`` where the daemon offers
+    one, at most MAX_PAGES pages, never the same cursor twice)."""
     rows: list[dict[str, Any]] = []
-    cursor = None
-    while True:
+    cursor, seen = None, set()
+    for _ in range(MAX_PAGES):
         params: dict[str, Any] = {"limit": 500}
+        if status:
+            params["status"] = status
         if cursor:
             params["cursor"] = cursor
-        page = client.get("/v1/outbox", params=params).json()
-        rows += page["items"]
-        cursor = page["next_cursor"]
-        if not cursor:
+        items, cursor = _items(client.get("/v1/outbox", params=params), "GET /v1/outbox")
+        rows += items
+        if not cursor or cursor in seen or not items:
             return rows
+        seen.add(cursor)
+    return rows
 
 
-def row_for(client: Any, cmid: str) -> dict[str, Any] | None:
-    return next((r for r in outbox_rows(client) if r["client_message_id"] == cmid), None)
+def row_for(client: Any, cmid: str, status: str | None = None) -> dict[str, Any] | None:
+    return next((r for r in outbox_rows(client, status) if r.get("client_message_id") == cmid), None)
 
 
 def wait_row(client: Any, cmid: str, status: str | tuple[str, ...], timeout: float = 15.0,
@@ -48,34 +82,95 @@ def wait_row(client: Any, cmid: str, status: str | tuple[str, ...], timeout: flo
     row = None
     while time.monotonic() < deadline:
         row = row_for(client, cmid)
-        if row and row["status"] in wanted and (not attempted or row["last_error"]):
+        if row and row.get("status") in wanted and (not attempted or row.get("last_error")):
             return row
-        if row and row["status"] in TERMINAL and row["status"] not in wanted:
-            raise AssertionError(f"{cmid} settled in {row['status']}, expected {wanted}: {row}")
+        if row and row.get("status") in TERMINAL and row.get("status") not in wanted:
+            raise AssertionError(f"{cmid} settled in {row.get('status')}, expected {'/'.join(wanted)}: {row}")
         time.sleep(0.05)
-    raise AssertionError(f"{cmid} did not reach {wanted} within {timeout:g} s; last seen: {row}")
+    raise AssertionError(f"{cmid} did not reach {'/'.join(wanted)} within {timeout:g} s; last seen: {row}")
+
+
+def watch_row(client: Any, cmid: str, seconds: float) -> list[str]:
+    """Every status the row showed while polling for ``seconds``."""
+    statuses: list[str] = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        row = row_for(client, cmid)
+        status = row.get("status") if row else None
+        if status and (not statuses or statuses[-1] != status):
+            statuses.append(status)
+        time.sleep(0.05)
+    return statuses
+
+
+def inbox_items(api: Any, max_pages: int = MAX_PAGES, **params: Any) -> tuple[list[dict[str, Any]], str | None]:
+    """Every inbox item through GET /v1/inbox, oldest first as the daemon pages them, and the resume cursor."""
+    items: list[dict[str, Any]] = []
+    cursor, seen = None, set()
+    for _ in range(max_pages):
+        query = {**params, "limit": params.get("limit", 100)}
+        if cursor:
+            query["cursor"] = cursor
+        page, next_cursor = _items(api.get("/v1/inbox", params=query), "GET /v1/inbox")
+        items += page
+        if not next_cursor or not page or next_cursor in seen:
+            return items, next_cursor or cursor
+        seen.add(next_cursor)
+        cursor = next_cursor
+    return items, cursor
+
+
+def wait_inbound(api: Any, broker: Any, cmid: str, timeout: float = 15.0) -> str:
+    """Wait until an inbound message ``cmid`` is acknowledged to the broker (``client_ack``) or, for a daemon that
+    sends none, visible in its inbox; returns which of the two showed it ("client_ack" or "inbox")."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if broker.client_acks(cmid):
+            return "client_ack"
+        if any(i.get("client_message_id") == cmid for i in inbox_items(api, max_pages=5)[0]):
+            return "inbox"
+        time.sleep(0.1)
+    raise AssertionError(f"inbound message {cmid} was neither acknowledged (client_ack) nor in the inbox after "
+                         f"{timeout:g} s")
 
 
 def read_events(client: httpx.Client, headers: dict[str, str], until, timeout: float = 10.0) -> list[dict]:
-    """Read SSE events (dicts with id, event, data) until ``until(events)`` is true."""
+    """Read SSE events (dicts with id, event, data, json) until ``until(events)`` is true or ``timeout`` passes
+    (a stream of keepalives cannot hold it open longer)."""
     events: list[dict] = []
     current: dict[str, str] = {}
-    with client.stream("GET", "/v1/events", headers=headers, timeout=timeout) as response:
-        assert response.status_code == 200, response.status_code
-        for line in response.iter_lines():
-            if line.startswith(":"):
-                continue
-            if not line:
-                if "event" in current:
-                    current["json"] = json.loads(current.get("data", "null"))
-                    events.append(current)
-                    if until(events):
-                        return events
-                current = {}
-                continue
-            key, _, value = line.partition(":")
-            current[key] = value[1:] if value.startswith(" ") else value
+    deadline = time.monotonic() + timeout
+    with client.stream("GET", "/v1/events", headers=headers, timeout=min(timeout, 10.0)) as response:
+        assert response.status_code == 200, f"GET /v1/events answered {response.status_code}"
+        try:
+            for line in response.iter_lines():
+                if time.monotonic() > deadline:
+                    break
+                if line.startswith(":"):
+                    continue
+                if not line:
+                    if "event" in current or "data" in current:
+                        try:
+                            current["json"] = json.loads(current.get("data", "null"))
+                        except ValueError:
+                            current["json"] = None
+                        current.setdefault("event", "message")
+                        events.append(current)
+                        if until(events):
+                            return events
+                    current = {}
+                    continue
+                key, _, value = line.partition(":")
+                value = value[1:] if value.startswith(" ") else value
+                current[key] = current[key] + "\n" + value if key == "data" and key in current else value
+        except httpx.ReadTimeout:
+            pass
     return events
+
+
+def payload(event: dict) -> dict:
+    data = event.get("json")
+    return data if isinstance(data, dict) else {}
 
 
 def http_request(method: str, path: str, headers: dict[str, str], body: bytes = b"") -> bytes:
@@ -86,9 +181,10 @@ def http_request(method: str, path: str, headers: dict[str, str], body: bytes = 
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
 
-def pipelined(sock: socket.socket, requests: list[bytes]) -> list[tuple[int, dict[str, str], bytes]]:
+def pipelined(sock: socket.socket, requests: list[bytes], timeout: float = 20.0) -> list[tuple[int, dict[str, str],
+                                                                                             bytes]]:
     """Write ``requests`` back to back on one connection (from a thread, so a server that answers before it reads
-    cannot deadlock us) and read until the server closes; returns every complete response, in order."""
+    cannot deadlock us) and read until the server closes or ``timeout`` passes; returns every complete response."""
     def write() -> None:
         with contextlib.suppress(OSError):
             sock.sendall(b"".join(requests))
@@ -96,9 +192,20 @@ def pipelined(sock: socket.socket, requests: list[bytes]) -> list[tuple[int, dic
     writer = threading.Thread(target=write, daemon=True)
     writer.start()
     received = bytearray()
-    with contextlib.suppress(OSError):
-        while chunk := sock.recv(65536):
-            received += chunk
+    deadline = time.monotonic() + timeout
+    sock.settimeout(1.0)
+    while time.monotonic() < deadline:
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            if len(parse_responses(bytes(received))) >= len(requests):
+                break
+            continue
+        except OSError:
+            break
+        if not chunk:
+            break
+        received += chunk
     writer.join(timeout=5)
     sock.close()
     return parse_responses(bytes(received))
@@ -109,13 +216,19 @@ def parse_responses(data: bytes) -> list[tuple[int, dict[str, str], bytes]]:
     responses = []
     while (end := data.find(b"\r\n\r\n")) >= 0:
         head = data[:end].decode("latin-1").split("\r\n")
-        status = int(head[0].split(" ", 2)[1])
+        try:
+            status = int(head[0].split(" ", 2)[1])
+        except (IndexError, ValueError):
+            return responses
         headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in head[1:])}
         rest = data[end + 4:]
         if "chunked" in headers.get("transfer-encoding", "").lower():
             body = bytearray()
             while (eol := rest.find(b"\r\n")) >= 0:
-                size = int(rest[:eol].split(b";")[0], 16)
+                try:
+                    size = int(rest[:eol].split(b";")[0], 16)
+                except ValueError:
+                    return responses
                 if len(rest) < eol + 2 + size + 2:
                     return responses
                 body += rest[eol + 2:eol + 2 + size]
@@ -125,7 +238,10 @@ def parse_responses(data: bytes) -> list[tuple[int, dict[str, str], bytes]]:
             else:
                 return responses
         else:
-            length = int(headers.get("content-length", "0"))
+            try:
+                length = int(headers.get("content-length", "0"))
+            except ValueError:
+                return responses
             if len(rest) < length:
                 return responses
             body, rest = rest[:length], rest[length:]

@@ -1,163 +1,370 @@
-"""The outbox lifecycle driven by broker outcomes (§4.5b, §4.6), retries, and the requeue audit trail (§4.5.3)."""
+"""The outbox lifecycle driven by broker outcomes (§4.5b, §4.6), retries and backoff (E-14), late acks (E-17),
+terminal states, max age through the clock hook (§4.9, E-14), and the requeue audit trail (§4.5.3, E-09).
+
+Every timing the cases wait for comes from the target's declared timing (conformance/timing.py), never a constant.
+"""
 
 from __future__ import annotations
 
 import itertools
+import re
+import time
 
 import pytest
 
-from conformance.cases._support import read_events, row_for, unique, wait_row
-from conformance.peer import ACCEPT_SILENTLY, DROP, SILENT, ScriptedBroker, conflict, duplicate, fail, reject
+from conformance.cases._support import (
+    BODY,
+    TERMINAL,
+    payload,
+    post_send,
+    read_events,
+    row_for,
+    unique,
+    wait_row,
+    watch_row,
+)
+from conformance.peer import (
+    ACCEPT_SILENTLY,
+    CREATED,
+    DROP,
+    SILENT,
+    PeerConfig,
+    ScriptedBroker,
+    conflict,
+    duplicate,
+    fail,
+    reject,
+)
 from conformance.registry import case
 from conformance.target import HARNESS_CONFIG
+from conformance.wire import json_object, send_seen
+from reference.core import derive
 
-BODY = {"to": "#general", "message": "lifecycle"}
+ULID = re.compile(r"^[0-7][0-9A-HJKMNP-TV-Z]{25}$")
 
 
 def send(api, cmid, body=BODY):
-    response = api.post("/v1/send", json=body, headers={"Idempotency-Key": cmid})
-    assert response.status_code == 202, response.text
-    return response.json()
+    response = post_send(api, body, cmid)
+    assert response.status_code == 202, f"the send answered {response.status_code}: {response.text[:200]}"
+    return json_object(response)
 
 
-OUTCOMES = [
-    ("created", None, "done"),
-    ("duplicate_history", duplicate(True), "done"),
-    ("duplicate_pruned", duplicate(False), "done"),
-    ("conflict", conflict(), "dead"),
-    ("drift", conflict("canonical_form_drift"), "dead"),
-    ("reject_404", reject(404, "destination_not_found"), "dead"),
-    ("reject_413", reject(413, "payload_too_large"), "dead"),
-    ("fail_then_created", fail(503), "done"),
+def request_of(frame: dict) -> tuple:
+    """What must not change between two sends of one row: its id, its fingerprint and the request it carries."""
+    seen = send_seen(frame)
+    carried = tuple(repr(frame.get(k)) for k in ("destination_kind", "destination_ref", "priority", "reply_to_id",
+                                                 "meta", "body", "targetSpec"))
+    return seen.cmid, seen.claimed, carried, seen.body
+
+
+OUTCOMES = [  # name, scripted answers, the state the row must settle in
+    ("created", [], "done"),
+    ("duplicate_history", [duplicate(True)], "done"),
+    ("duplicate_pruned", [duplicate(False)], "done"),
+    ("conflict", [conflict()], "dead"),
+    ("drift", [conflict("canonical_form_drift")], "dead"),
+    ("reject_403", [reject(403, "forbidden")], "dead"),
+    ("reject_404", [reject(404, "destination_not_found")], "dead"),
+    ("reject_413", [reject(413, "payload_too_large")], "dead"),
+    ("reject_422", [reject(422, "invalid_destination")], "dead"),
+    ("fail_500_then_created", [fail(500)], "done"),
+    ("fail_503_twice_then_created", [fail(503), fail(503)], "done"),
 ]
 
 
-@case("outbox.broker_outcome", "OBX-BROKER-OUTCOMES", "OBX-DISPATCH", "WS-ACK-STATUS")
-@pytest.mark.parametrize(("name", "outcome", "final"), OUTCOMES, ids=[o[0] for o in OUTCOMES])
-def test_broker_outcome(api, broker, name, outcome, final):
-    """201 / 200 → done; 409 / other 4xx → dead; 5xx → retried (then done)."""
+@case("outbox.broker_outcome", "OBX-BROKER-OUTCOMES", "OBX-DISPATCH")
+@pytest.mark.parametrize(("name", "answers", "final"), OUTCOMES, ids=[o[0] for o in OUTCOMES])
+def test_broker_outcome(api, broker, verdict, timing, name, answers, final):
+    """201 / 200 → done with the broker_message_id; 409 / other 4xx → dead, never retried; 5xx → retried, then done."""
     cmid = unique(name)
-    if outcome is not None:
-        broker.answer(cmid, outcome)
+    broker.answer(cmid, *answers)
     send(api, cmid)
-    row = wait_row(api, cmid, final)
-    sends = [f for f in broker.received("send") if f["client_message_id"] == cmid]
-    assert row["attempts"] == len(sends) >= 1
-    if final == "done":
-        acked = [a for a in broker.sent("ack") if a["client_message_id"] == cmid and a["status"] in (200, 201)]
-        assert row["broker_message_id"] == acked[-1]["broker_message_id"]
-    else:
-        assert row["last_error"], "a dead row records why"
-        assert len(sends) == 1, "a permanent refusal is not retried"
+    failures = sum(1 for a in answers if a.kind == "fail")
+    with verdict.check("OBX-BROKER-OUTCOMES", fatal=True):
+        row = wait_row(api, cmid, final, timeout=timing.settle_s(failures + 1))
+    sends = broker.sends_of(cmid)
+    with verdict.check("OBX-BROKER-OUTCOMES"):
+        if final == "done":
+            acked = [a for a in broker.sent("ack") if a.get("client_message_id") == cmid and a.get("status") in
+                     (200, 201)]
+            assert acked and row.get("broker_message_id") == acked[-1]["broker_message_id"], \
+                f"the done row names broker_message_id {row.get('broker_message_id')!r}, the broker acked " \
+                f"{acked[-1]['broker_message_id'] if acked else None!r}"
+            assert len(sends) == failures + 1, f"{len(sends)} sends for {failures} transient failure(s)"
+        else:
+            assert row.get("last_error"), f"a dead row records why: {row}"
+            assert len(sends) == 1, f"a permanent refusal was retried: {len(sends)} sends"
+    verdict.expect("OBX-DISPATCH", row.get("attempts") == len(sends),
+                   f"attempts = {row.get('attempts')} after {len(sends)} send(s)")
 
 
-@case("outbox.transient_failures", "OBX-BROKER-OUTCOMES", "OBX-BACKOFF", "WS-SEND-SAME-BYTES")
-@pytest.mark.parametrize("transient", ["timeout", "link_lost", "status_less_ack"])
-def test_transient_failures_are_retried_with_the_same_bytes(api, broker, transient):
+@case("outbox.transient_failures", "OBX-BROKER-OUTCOMES", "WS-SEND-SAME-BYTES", "WS-ACK-STATUS")
+@pytest.mark.parametrize("transient", ["ack_timeout", "link_lost", "status_less_ack"])
+def test_transient_failures_are_retried_with_the_same_bytes(api, broker, verdict, timing, transient):
+    """An ack timeout, a lost link, an ack without a status (E-10): the row goes back to pending and is retried
+    with exactly the same request."""
     cmid = unique(transient)
-    if transient == "timeout":
-        broker.answer(cmid, SILENT)
-    elif transient == "link_lost":
-        broker.answer(cmid, DROP)
-    else:
-        broker.answer(cmid, SILENT)
+    broker.answer(cmid, {"ack_timeout": SILENT, "link_lost": DROP, "status_less_ack": SILENT}[transient])
     send(api, cmid)
     if transient == "status_less_ack":
-        broker.wait_for(lambda: any(f["client_message_id"] == cmid for f in broker.received("send")))
+        broker.wait_for(lambda: broker.sends_of(cmid), timing.settle_s(), f"the send of {cmid}")
         broker.send_raw({"type": "ack", "id": cmid, "client_message_id": cmid, "messageId": "", "queued": True})
-    row = wait_row(api, cmid, "done", timeout=30)
-    sends = [f for f in broker.received("send") if f["client_message_id"] == cmid]
-    assert len(sends) >= 2 and row["attempts"] >= 2
-    keys = ("request_fingerprint", "destination_kind", "destination_ref", "priority", "reply_to_id", "meta", "body")
-    assert len({tuple(repr(f.get(k)) for k in keys) for f in sends}) == 1, "every retry sends the same request"
+    requirement = "WS-ACK-STATUS" if transient == "status_less_ack" else "OBX-BROKER-OUTCOMES"
+    with verdict.check(requirement, fatal=True):
+        wait_row(api, cmid, "done", timeout=timing.settle_s(2) + timing.reconnect_wait_s)
+    sends = broker.sends_of(cmid)
+    verdict.expect(requirement, len(sends) >= 2, f"the row reached done after {len(sends)} send(s): the "
+                                                 f"{transient} was not treated as transient")
+    requests = {request_of(r.frame) for r in sends}
+    verdict.expect("WS-SEND-SAME-BYTES", len(requests) == 1, f"the retries differ: {sorted(requests)[:3]}")
+
+
+def _backoff_failures(timing) -> int:
+    """Enough failures to see the schedule grow and reach its cap, within about 30 s of retries."""
+    count, total = 0, 0.0
+    while count < 7 and (count < 4 or total < 30_000):
+        count += 1
+        total += timing.retry_delay_ms(count)
+        if timing.retry_delay_ms(count) >= timing.retry_max_ms and count >= 4:
+            count += 1  # one more at the cap, to see it hold
+            break
+    return count
 
 
 @case("outbox.backoff", "OBX-BACKOFF")
-def test_backoff_grows(api, broker):
-    """Four 5xx answers: the gaps between attempts grow (exponential backoff, bounded jitter)."""
+def test_backoff_follows_the_schedule(api, broker, verdict, timing):
+    """N transient answers: the gap after the n-th failure lies within the declared schedule's bounds
+    (min(max, base·m^(n-1)) ± jitter, plus scheduler granularity): it grows, it is capped, it does not stop."""
+    failures = _backoff_failures(timing)
     cmid = unique("backoff")
-    broker.answer(cmid, fail(), fail(), fail(), fail())
+    broker.answer(cmid, *[fail()] * failures)
     send(api, cmid)
-    wait_row(api, cmid, "done", timeout=60)
-    times = [r.at for r in broker.frames if r.direction == "in" and r.frame.get("type") == "send"
-             and r.frame.get("client_message_id") == cmid]
-    gaps = [b - a for a, b in itertools.pairwise(times)]
-    assert len(gaps) == 4
-    assert gaps[3] > gaps[0], f"retry gaps did not grow: {gaps}"
+    with verdict.check("OBX-BACKOFF", fatal=True):
+        wait_row(api, cmid, "done", timeout=timing.settle_s(failures) + 10)
+    times = [r.at for r in broker.sends_of(cmid)]
+    gaps = [(b - a) * 1000 for a, b in itertools.pairwise(times)]
+    verdict.expect("OBX-BACKOFF", len(gaps) == failures, f"{len(times)} sends for {failures} failures")
+    for n, gap in enumerate(gaps, start=1):
+        low, high = timing.retry_gap_bounds(n)
+        verdict.expect("OBX-BACKOFF", low <= gap <= high,
+                       f"gap {n} was {gap:.0f} ms, outside [{low:.0f}, {high:.0f}] ms for the declared schedule "
+                       f"({timing.source}); all gaps: {[round(g) for g in gaps]}")
 
 
 @case("outbox.dead_event", "OBX-DEAD-EVENT")
-def test_dead_rows_are_announced(api, broker, mesh_target):
+def test_dead_rows_are_announced(api, broker, mesh_target, verdict, timing):
     cmid = unique("dead-event")
+    broker.answer(cmid, conflict())
+    send(api, cmid)
+    wait_row(api, cmid, "dead", timeout=timing.settle_s())
     with mesh_target.client(mesh_target.transports[0]) as client:
-        start = client.get("/v1/health")  # connection warm-up; event ids are read from the stream itself
-        assert start.status_code == 200
-        broker.answer(cmid, conflict())
-        send(api, cmid)
-        wait_row(api, cmid, "dead")
         events = read_events(client, {"Last-Event-ID": "0"},
-                             lambda evs: any(e["event"] == "outbox_dead" and e["json"].get("client_message_id") == cmid
-                                             for e in evs))
-    dead = [e for e in events if e["event"] == "outbox_dead" and e["json"]["client_message_id"] == cmid]
-    assert dead and dead[0]["json"]["conflict"] == "request_fingerprint_mismatch"
+                             lambda evs: any(e.get("event") == "outbox_dead"
+                                             and payload(e).get("client_message_id") == cmid for e in evs),
+                             timeout=8)
+    dead = [e for e in events if e.get("event") == "outbox_dead" and payload(e).get("client_message_id") == cmid]
+    with verdict.check("OBX-DEAD-EVENT"):
+        assert dead, f"no outbox_dead event for {cmid} among {len(events)} event(s) (kinds: " \
+                     f"{sorted({e.get('event') for e in events})})"
+        assert payload(dead[0]).get("conflict") == "request_fingerprint_mismatch", payload(dead[0])
 
 
 @case("outbox.requeue", "REQUEUE-ATOMIC", "REQUEUE-STATES", "REQUEUE-FRESH-ID", "REQUEUE-NEVER-FREES",
-      "ID-CONSUMED-NEVER-FREED", "API-OUTBOX")
-def test_requeue_audit_trail(api, broker):
+      "ID-CONSUMED-NEVER-FREED", "API-OUTBOX", "FP-FROZEN")
+def test_requeue_audit_trail(api, broker, verdict, timing):
     cmid = unique("requeue")
     broker.answer(cmid, reject(404, "destination_not_found"))
     send(api, cmid)
-    dead = wait_row(api, cmid, "dead")
+    with verdict.check("REQUEUE-ATOMIC", fatal=True):
+        dead = wait_row(api, cmid, "dead", timeout=timing.settle_s())
     fresh = unique("requeued")
-    result = api.post("/v1/outbox/requeue", json={"id": dead["id"], "new_client_message_id": fresh})
-    assert result.status_code == 200, result.text
-    body = result.json()
-    assert body["aborted_row_id"] == dead["id"] and body["new_client_message_id"] == fresh
-    old = row_for(api, cmid)
-    assert old["status"] == "aborted" and old["aborted_at"] and old["aborted_by"] == "operator"
-    assert old["superseded_by"] == body["new_row_id"]
-    new = wait_row(api, fresh, "done")
-    assert new["id"] == body["new_row_id"] and new["request_fingerprint"] == dead["request_fingerprint"]
-    again = api.post("/v1/outbox/requeue", json={"id": dead["id"]})
-    assert (again.status_code, again.json()["error"]) == (409, "outbox_requeue_state_invalid")
-    done = api.post("/v1/outbox/requeue", json={"id": new["id"]})
-    assert (done.status_code, done.json()["error"]) == (409, "outbox_requeue_state_invalid")
-    other = unique("other")
-    send(api, other)
-    wait_row(api, other, "done")
+    result = api.post("/v1/outbox/requeue", json={"id": dead.get("id"), "new_client_message_id": fresh})
+    body = json_object(result)
+    verdict.require("REQUEUE-ATOMIC", result.status_code == 200,
+                    f"requeue of a dead row answered {result.status_code}: {result.text[:200]}")
+    with verdict.check("REQUEUE-ATOMIC"):
+        assert body.get("aborted_row_id") == dead.get("id"), f"aborted_row_id {body.get('aborted_row_id')!r}"
+        assert body.get("new_client_message_id") == fresh, f"new_client_message_id {body.get('new_client_message_id')}"
+        old = row_for(api, cmid) or {}
+        assert old.get("status") == "aborted", f"the old row is {old.get('status')!r}, not aborted"
+        assert old.get("aborted_at") and old.get("aborted_by") == "operator", \
+            f"aborted_at {old.get('aborted_at')!r}, aborted_by {old.get('aborted_by')!r}"
+        assert old.get("superseded_by") == body.get("new_row_id"), \
+            f"superseded_by {old.get('superseded_by')!r}, new_row_id {body.get('new_row_id')!r}"
+        new = wait_row(api, fresh, "done", timeout=timing.settle_s())
+        assert new.get("id") == body.get("new_row_id"), f"the successor row is {new.get('id')}"
+    first, successor = broker.sends_of(cmid), broker.sends_of(fresh)
+    if first and successor:
+        verdict.expect("FP-FROZEN", send_seen(first[0].frame).claimed == send_seen(successor[0].frame).claimed,
+                       "the successor was sent with another request_fingerprint than the requeued row")
+    if "request_fingerprint" in dead:
+        verdict.expect("FP-FROZEN", (row_for(api, fresh) or {}).get("request_fingerprint")
+                       == dead["request_fingerprint"], "the successor row's request_fingerprint differs")
+    for label, row_id in (("an aborted", dead.get("id")), ("a done", body.get("new_row_id"))):
+        again = api.post("/v1/outbox/requeue", json={"id": row_id})
+        verdict.expect("REQUEUE-STATES", again.status_code == 409,
+                       f"requeue of {label} row answered {again.status_code}: {again.text[:160]}")
     in_use = unique("in-use")
-    broker.answer(in_use, conflict())
+    broker.answer(in_use, reject(404, "destination_not_found"))
     send(api, in_use)
-    victim = wait_row(api, in_use, "dead")
-    taken = api.post("/v1/outbox/requeue", json={"id": victim["id"], "new_client_message_id": other})
-    assert (taken.status_code, taken.json().get("conflict")) == (409, "requeue_new_id_in_use")
-    assert api.post("/v1/outbox/requeue", json={"id": "01ARZ3NDEKTSV4RRFFQ69G5FAV"}).status_code == 404
-    reused = api.post("/v1/send", json=BODY, headers={"Idempotency-Key": cmid})
-    assert reused.status_code == 409 and reused.json()["conflict"].startswith("outbox_aborted")
+    victim = wait_row(api, in_use, "dead", timeout=timing.settle_s())
+    taken = api.post("/v1/outbox/requeue", json={"id": victim.get("id"), "new_client_message_id": fresh})
+    with verdict.check("REQUEUE-FRESH-ID"):
+        assert taken.status_code == 409, f"a requeue onto a consumed id answered {taken.status_code}"
+        assert json_object(taken).get("conflict") == "requeue_new_id_in_use", taken.text[:200]
+        assert (row_for(api, in_use) or {}).get("status") == "dead", "the refused requeue changed the row"
+    auto = api.post("/v1/outbox/requeue", json={"id": victim.get("id")})
+    minted = json_object(auto).get("new_client_message_id")
+    verdict.expect("REQUEUE-FRESH-ID", auto.status_code == 200 and isinstance(minted, str) and ULID.match(minted),
+                   f"a requeue without a new id answered {auto.status_code} minting {minted!r}, not a ULID")
+    missing = api.post("/v1/outbox/requeue", json={"id": "01ARZ3NDEKTSV4RRFFQ69G5FAV"})
+    verdict.expect("API-OUTBOX", missing.status_code == 404, f"requeue of an unknown row answered "
+                                                            f"{missing.status_code}")
+    reused = post_send(api, BODY, cmid)
+    with verdict.check("REQUEUE-NEVER-FREES", "ID-CONSUMED-NEVER-FREED"):
+        assert reused.status_code == 409, f"the retired id answered {reused.status_code}"
+        assert str(json_object(reused).get("conflict", "")).startswith("outbox_aborted"), reused.text[:200]
+
+
+@case("outbox.requeue_states", "REQUEUE-STATES")
+def test_requeue_pending_and_inflight(api, broker, verdict, timing):
+    """A pending row may be requeued (§4.6.1 D); an inflight one may not (E-09: it would race the broker)."""
+    inflight = unique("requeue-inflight")
+    broker.answer(inflight, *[SILENT] * 6)
+    send(api, inflight)
+    row = wait_row(api, inflight, "inflight", timeout=timing.settle_s())
+    refused = api.post("/v1/outbox/requeue", json={"id": row.get("id")})
+    verdict.expect("REQUEUE-STATES", refused.status_code == 409,
+                   f"requeue of an inflight row answered {refused.status_code}: {refused.text[:160]}")
+    pending = unique("requeue-pending")
+    broker.answer(pending, *[fail()] * 8)
+    send(api, pending)
+    try:
+        row = wait_row(api, pending, "pending", attempted=True, timeout=timing.settle_s(2))
+    except AssertionError as exc:
+        verdict.blocked(["REQUEUE-STATES"], f"no pending row to requeue: {exc}")
+    accepted = api.post("/v1/outbox/requeue", json={"id": row.get("id")})
+    verdict.expect("REQUEUE-STATES", accepted.status_code == 200,
+                   f"requeue of a pending row answered {accepted.status_code}: {accepted.text[:160]}")
+
+
+LATE = [("created", CREATED, "done"), ("conflict", conflict(), "dead"), ("rejected", reject(404, "gone"), "dead"),
+        ("failed", fail(503), "pending")]
 
 
 @case("outbox.late_ack", "OBX-LATE-ACK")
-def test_late_ack_after_timeout_is_applied(launcher):
-    """The broker commits but answers only after the ack timeout: the late 201 moves the pending row to done.
-
-    Retries are slowed down so the late ack meets the row in `pending` (not in a retry's `inflight`), and every
-    later attempt is ignored, so only the late ack can finish the row.
-    """
+@pytest.mark.parametrize(("name", "late", "final"), LATE, ids=[x[0] for x in LATE])
+def test_late_ack_after_timeout_is_applied(launcher, verdict, name, late, final):
+    """The broker answers only after the ack timeout, while the row waits for its retry: 201 → done, 409/4xx →
+    dead, 5xx → no change (E-17). Later attempts are never answered, so only the late ack can settle the row."""
     config = HARNESS_CONFIG.replace("retry_base_ms = 100", "retry_base_ms = 8000").replace(
         "retry_max_ms = 500", "retry_max_ms = 8000")
-    with ScriptedBroker() as peer:
-        instance = launcher.launch("late-ack", config=config, broker=peer)
-        cmid = unique("late")
+    timing = launcher.timing
+    with ScriptedBroker(PeerConfig(dialect=launcher.dialect)) as peer:
+        instance = launcher.launch(f"late-{name}", config=config, broker=peer)
+        peer.wait_linked(timing.reconnect_wait_s)
+        cmid = unique(f"late-{name}")
         peer.answer(cmid, ACCEPT_SILENTLY, *[SILENT] * 20)
         with instance.unix() as client:
-            assert client.post("/v1/send", json=BODY, headers={"Idempotency-Key": cmid}).status_code == 202
-            wait_row(client, cmid, "pending", attempted=True, timeout=30)
-            entry = peer.dedupe[cmid]
-            peer.send_raw({"type": "ack", "id": cmid, "client_message_id": cmid, "status": 201,
-                           "messageId": entry.broker_message_id, "queued": True,
-                           "broker_message_id": entry.broker_message_id, "history_id": entry.history_id,
-                           "duplicate": False})
-            row = wait_row(client, cmid, "done", timeout=4)
-        assert row["broker_message_id"] == entry.broker_message_id
-        assert [f["client_message_id"] for f in peer.received("send")].count(cmid) == 1
+            assert post_send(client, BODY, cmid).status_code == 202
+            with verdict.check("OBX-LATE-ACK", fatal=True):
+                wait_row(client, cmid, "pending", attempted=True, timeout=timing.settle_s())
+            frame = peer.sends_of(cmid)[0].frame
+            ack = peer.decide(send_seen(frame), late)
+            peer.send_raw(ack)
+            if final == "pending":
+                statuses = watch_row(client, cmid, 2.0)
+                verdict.expect("OBX-LATE-ACK", not set(statuses) & TERMINAL,
+                               f"a late 5xx settled the row: {statuses}")
+                return
+            with verdict.check("OBX-LATE-ACK"):
+                row = wait_row(client, cmid, final, timeout=4)
+                if final == "done":
+                    assert row.get("broker_message_id") == peer.dedupe[cmid].broker_message_id
+                assert len(peer.sends_of(cmid)) == 1, "the row was sent again although the late ack settled it"
+
+
+STRAY = [("done", [], [duplicate(True), conflict(), reject(404, "gone"), fail()]),
+         ("dead", [reject(404, "destination_not_found")], [CREATED, duplicate(True), fail()])]
+
+
+@case("outbox.terminal", "OBX-TERMINAL")
+@pytest.mark.parametrize(("state", "answers", "strays"), STRAY, ids=[s[0] for s in STRAY])
+def test_terminal_rows_never_change(api, broker, verdict, timing, state, answers, strays):
+    """A done or dead row: stray and repeated acks of every kind arrive; the row never changes."""
+    cmid = unique(f"terminal-{state}")
+    broker.answer(cmid, *answers)
+    send(api, cmid)
+    with verdict.check("OBX-TERMINAL", fatal=True):
+        settled = wait_row(api, cmid, state, timeout=timing.settle_s())
+    frame = broker.sends_of(cmid)[0].frame
+    for stray in strays:
+        broker.send_raw(broker.decide(send_seen(frame), stray))
+    time.sleep(1.0)
+    after = row_for(api, cmid) or {}
+    changed = {k: (settled.get(k), after.get(k)) for k in settled if settled.get(k) != after.get(k)}
+    verdict.expect("OBX-TERMINAL", not changed, f"stray acks changed the {state} row: {changed}")
+    verdict.expect("OBX-TERMINAL", len(broker.sends_of(cmid)) == 1, "the settled row was sent again")
+
+
+# --- max age (the clock hook) ----------------------------------------------------------------------------------------
+
+
+def _clocked(launcher, verdict, requirements: list[str]):
+    if not launcher.launched or not launcher.launched.description.get("clock_hook", launcher.spec == "reference"):
+        verdict.blocked(requirements, "the target does not declare the clock hook (clock_hook in its target "
+                                      "description), so its clock cannot be moved in a bounded run")
+
+
+MAX_AGES = [("retention_scoped_7", "retention_scoped", 7), ("retention_scoped_30", "retention_scoped", 30),
+            ("permanent", "permanent", None)]
+
+
+@case("outbox.max_age", "OBX-MAX-AGE-DEAD", "MAXAGE-DERIVATION")
+@pytest.mark.parametrize(("name", "mode", "days"), MAX_AGES, ids=[m[0] for m in MAX_AGES])
+def test_max_age(launcher, verdict, name, mode, days):
+    """A row retried through an outage: one hour before its derived max age (§4.9) it is still retried; one hour
+    after, it is dead with last_error max_age_exceeded, and never sent again."""
+    requirements = ["OBX-MAX-AGE-DEAD", "MAXAGE-DERIVATION"]
+    _clocked(launcher, verdict, requirements)
+    timing = launcher.timing
+    config = PeerConfig(dialect=launcher.dialect)
+    params = config.supported["client_message_id_dedupe"]["params"]
+    params["mode"] = mode
+    if days is None:
+        params.pop("dedupe_retention_days", None)
+    else:
+        params["dedupe_retention_days"] = days
+    hours = derive(mode, days, 168).hours
+    with ScriptedBroker(config) as peer:
+        instance = launcher.launch(f"max-age-{name}", broker=peer)
+        peer.wait_linked(timing.reconnect_wait_s)
+        cmid = unique(f"max-age-{name}")
+        with instance.unix() as client:
+            warm = unique("max-age-warm-up")  # done only after the daemon applied the negotiation (NEG-ORDER)
+            assert post_send(client, BODY, warm).status_code == 202
+            wait_row(client, warm, "done", timeout=timing.settle_s())
+            peer.answer_all(fail())
+            assert post_send(client, BODY, cmid).status_code == 202
+            wait_row(client, cmid, ("pending", "inflight"), attempted=True, timeout=timing.settle_s())
+            instance.set_clock((hours - 1) * 3600)
+            statuses = watch_row(client, cmid, max(3.0, min(timing.retry_max_ms / 1000 * 1.3 + 1, 8.0)))
+            derived = f"{hours} h for {mode}{'' if days is None else f', {days} days'}"
+            if "dead" in statuses:
+                verdict.expect("MAXAGE-DERIVATION", False, f"the row died an hour before its max age ({derived})")
+                return
+            sends_before = len(peer.sends_of(cmid))
+            instance.set_clock((hours + 1) * 3600)
+            try:
+                row = wait_row(client, cmid, "dead", timeout=timing.settle_s(2) + timing.retry_max_ms / 1000)
+            except AssertionError as exc:
+                for requirement in requirements:
+                    verdict.expect(requirement, False, f"an hour past its max age ({derived}) the row is not dead: "
+                                                       f"{exc}")
+                return
+            verdict.expect("OBX-MAX-AGE-DEAD", "max_age" in str(row.get("last_error")),
+                           f"last_error {row.get('last_error')!r}, expected max_age_exceeded")
+            verdict.passed("MAXAGE-DERIVATION")
+            time.sleep(1.0)
+            verdict.expect("OBX-MAX-AGE-DEAD", len(peer.sends_of(cmid)) <= sends_before + 1,
+                           "the row was still dispatched after its max age")

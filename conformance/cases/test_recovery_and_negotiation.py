@@ -1,111 +1,398 @@
-"""Crash recovery (§4.11) and feature negotiation (§15): cases that start, kill and restart fresh instances."""
+"""Crash recovery (§4.11, E-16), identity and lifecycle at start (§1, §2, E-15), and feature negotiation (§15):
+cases that start, kill and restart fresh instances through the launch contract.
+
+Files are reached where the target says they live (its target description, else ``{state_dir}``); a target that
+keeps them elsewhere and does not say so gets those cases skipped with that reason.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import time
 
 import pytest
 
-from conformance.cases._support import row_for, unique, wait_row
-from conformance.peer import ACCEPT_SILENTLY, PeerConfig, ScriptedBroker, fail
+from conformance.cases._support import BODY, OTHER, outbox_rows, post_send, row_for, unique, wait_row
+from conformance.launch import Launched, LaunchError
+from conformance.peer import ACCEPT_SILENTLY, PeerConfig, ScriptedBroker, fail, reject
 from conformance.registry import case
+from conformance.verdict import TARGET_FAILURES
+from conformance.wire import json_object
 
-BODY = {"to": "#general", "message": "survive"}
+HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+def fresh(launcher, name: str, config: PeerConfig | None = None) -> tuple[ScriptedBroker, Launched]:
+    peer = ScriptedBroker(config or PeerConfig(dialect=launcher.dialect))
+    peer.start()
+    instance = launcher.launch(name, broker=peer)
+    peer.wait_linked(launcher.timing.reconnect_wait_s)
+    return peer, instance
+
+
+def one_message_each(peer: ScriptedBroker, cmids: list[str]) -> dict[str, int]:
+    return {c: sum(1 for m in peer.messages.values() if m.get("client_message_id", m.get("id")) == c) for c in cmids}
 
 
 @case("recovery.kill9_before_dispatch", "REC-NO-LOSS")
-def test_kill9_right_after_202(launcher):
-    """The broker is unreachable, the target answers 202 and is SIGKILLed: after restart the row reaches done once."""
-    with ScriptedBroker() as peer:
-        instance = launcher.launch("kill-early", broker=peer)
+def test_kill9_right_after_202(launcher, verdict):
+    """The broker is unreachable; five sends answer 202 and the target is SIGKILLed at once: after a restart every
+    one reaches done, exactly once at the broker."""
+    timing = launcher.timing
+    peer, instance = fresh(launcher, "kill-early")
+    try:
         peer.hold()
-        cmid = unique("kill-early")
+        cmids = [unique("kill-early") for _ in range(5)]
         with instance.unix() as client:
-            assert client.post("/v1/send", json=BODY, headers={"Idempotency-Key": cmid}).status_code == 202
+            for cmid in cmids:
+                assert post_send(client, BODY, cmid).status_code == 202
         instance.kill9()
         peer.held.clear()
         instance.start()
-        with instance.unix() as client:
-            wait_row(client, cmid, "done")
-        sends = [f for f in peer.received("send") if f["client_message_id"] == cmid]
-        assert len(sends) == 1
-        assert sum(1 for m in peer.messages.values() if m["client_message_id"] == cmid) == 1
+        with instance.unix() as client, verdict.check("REC-NO-LOSS"):
+            for cmid in cmids:
+                wait_row(client, cmid, "done", timeout=timing.settle_s() + timing.reconnect_wait_s)
+            counts = one_message_each(peer, cmids)
+            assert set(counts.values()) == {1}, f"messages at the broker per id: {counts}"
+    finally:
+        peer.stop()
 
 
 @case("recovery.kill9_inflight", "REC-INFLIGHT-TO-PENDING", "REC-NO-LOSS", "WS-SEND-SAME-BYTES")
-def test_kill9_while_inflight(launcher):
-    """The broker commits but never acks; the target dies inflight, recovers, retries: one message at the broker."""
-    with ScriptedBroker() as peer:
-        instance = launcher.launch("kill-inflight", broker=peer)
-        cmid = unique("kill-inflight")
-        peer.answer(cmid, ACCEPT_SILENTLY, fail())
+def test_kill9_while_inflight(launcher, verdict):
+    """Three rows the broker committed but never acked; the target dies with them inflight. After a restart, with
+    the broker still away, each row is pending again with its attempts unchanged (E-16); when the broker returns
+    each is resent with the same request and settles done with the broker's original message: one message per row."""
+    timing = launcher.timing
+    peer, instance = fresh(launcher, "kill-inflight")
+    try:
+        cmids = [unique("kill-inflight") for _ in range(3)]
+        for cmid in cmids:
+            peer.answer(cmid, ACCEPT_SILENTLY, *[fail()] * 2)
         with instance.unix() as client:
-            assert client.post("/v1/send", json=BODY, headers={"Idempotency-Key": cmid}).status_code == 202
-            wait_row(client, cmid, "inflight")
+            for cmid in cmids:
+                assert post_send(client, BODY, cmid).status_code == 202
+            before = {c: wait_row(client, c, "inflight", timeout=timing.settle_s()) for c in cmids}
         instance.kill9()
+        peer.hold()
         instance.start()
         with instance.unix() as client:
-            row = wait_row(client, cmid, "done", timeout=30)
-        sends = [f for f in peer.received("send") if f["client_message_id"] == cmid]
-        assert len(sends) >= 3 and len({f["request_fingerprint"] for f in sends}) == 1
-        assert sum(1 for m in peer.messages.values() if m["client_message_id"] == cmid) == 1
-        assert row["broker_message_id"] == peer.dedupe[cmid].broker_message_id
+            with verdict.check("REC-INFLIGHT-TO-PENDING"):
+                for cmid in cmids:
+                    row = wait_row(client, cmid, "pending", timeout=10)
+                    assert row.get("attempts") == before[cmid].get("attempts"), \
+                        f"recovery changed attempts: {before[cmid].get('attempts')} -> {row.get('attempts')}"
+            peer.release(timeout=timing.reconnect_wait_s)
+            with verdict.check("REC-NO-LOSS"):
+                rows = {c: wait_row(client, c, "done", timeout=timing.settle_s(3)) for c in cmids}
+                assert set(one_message_each(peer, cmids).values()) == {1}
+                for cmid, row in rows.items():
+                    assert row.get("broker_message_id") == peer.dedupe[cmid].broker_message_id, \
+                        f"{cmid}: done with {row.get('broker_message_id')}, the broker committed " \
+                        f"{peer.dedupe[cmid].broker_message_id}"
+        for cmid in cmids:
+            prints = {r.frame.get("request_fingerprint") for r in peer.sends_of(cmid)}
+            verdict.expect("WS-SEND-SAME-BYTES", len(prints) == 1 and len(peer.sends_of(cmid)) >= 2,
+                           f"{cmid}: {len(peer.sends_of(cmid))} sends with fingerprints {prints}")
+    finally:
+        peer.held.clear()
+        peer.stop()
 
 
 @case("recovery.restart_keeps_state", "ID-CONSUMED-NEVER-FREED")
-def test_restart_keeps_consumed_ids(launcher):
-    with ScriptedBroker() as peer:
-        instance = launcher.launch("restart", broker=peer)
+def test_restart_keeps_consumed_ids(launcher, verdict):
+    timing = launcher.timing
+    peer, instance = fresh(launcher, "restart")
+    try:
         cmid = unique("restart")
         with instance.unix() as client:
-            client.post("/v1/send", json=BODY, headers={"Idempotency-Key": cmid})
-            wait_row(client, cmid, "done")
+            post_send(client, BODY, cmid)
+            wait_row(client, cmid, "done", timeout=timing.settle_s())
         instance.kill9()
         instance.start()
+        with instance.unix() as client, verdict.check("ID-CONSUMED-NEVER-FREED"):
+            again = post_send(client, OTHER, cmid)
+            assert again.status_code == 409, f"after a restart the consumed id answered {again.status_code}"
+            assert (row_for(client, cmid) or {}).get("status") == "done"
+    finally:
+        peer.stop()
+
+
+def _start_and_expect_exit(instance: Launched, timeout: float = 30.0) -> int | None:
+    """Start ``instance`` and return its exit code, or None if it is still running after ``timeout``."""
+    instance.start(wait=False)
+    try:
+        return instance.wait_exit(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+@case("lifecycle.singleton", "LIFE-SINGLETON", "LIFE-EXIT-CODES")
+def test_second_daemon_on_one_state_dir_refuses(launcher, verdict):
+    """A second start on a state directory in use exits (6, E-15) and the first keeps serving."""
+    peer, instance = fresh(launcher, "singleton")
+    try:
+        second = Launched(instance.template, instance.state_dir, peer.url, port=instance.port)
+        code = _start_and_expect_exit(second, timeout=20)
+        if code is None:
+            second.kill9()
+        verdict.expect("LIFE-SINGLETON", code not in (None, 0), f"the second daemon exited {code} "
+                                                                 "(None: it kept running)")
+        verdict.expect("LIFE-EXIT-CODES", code == 6, f"the second daemon exited {code}, E-15 says 6")
         with instance.unix() as client:
-            again = client.post("/v1/send", json={**BODY, "message": "other"}, headers={"Idempotency-Key": cmid})
-            assert again.status_code == 409
-            assert row_for(client, cmid)["status"] == "done"
+            verdict.expect("LIFE-SINGLETON", client.get("/v1/health").status_code == 200,
+                           "the first daemon stopped answering")
+    finally:
+        peer.stop()
 
 
-BAD_NEGOTIATIONS = [
+def _corrupt(path: os.PathLike, start: int) -> None:
+    """Overwrite everything after ``start`` bytes with a repeating junk pattern (the SQLite header survives, so the
+    file still opens and only an integrity check finds the damage)."""
+    size = os.path.getsize(path)
+    with open(path, "r+b") as handle:
+        handle.seek(start)
+        handle.write(bytes(range(7, 251)) * ((size - start) // 244 + 1))
+
+
+def _stopped_with_rows(launcher, name: str, rows: int = 40) -> tuple[ScriptedBroker, Launched, list[str]]:
+    peer, instance = fresh(launcher, name)
+    cmids = [unique(name) for _ in range(rows)]
+    with instance.unix() as client:
+        for cmid in cmids:
+            post_send(client, {**BODY, "message": cmid * 40}, cmid)
+        wait_row(client, cmids[-1], "done", timeout=launcher.timing.settle_s())
+    instance.stop()
+    return peer, instance, cmids
+
+
+@case("recovery.corrupt_outbox", "REC-OUTBOX-INTEGRITY", "LIFE-EXIT-CODES")
+def test_corrupt_outbox_refuses_to_start(launcher, verdict):
+    peer, instance, _ = _stopped_with_rows(launcher, "corrupt-outbox")
+    try:
+        path = instance.file("outbox_db")
+        if not path.exists():
+            verdict.blocked(["REC-OUTBOX-INTEGRITY", "LIFE-EXIT-CODES"], f"no outbox.db at {path}")
+        for suffix in ("-wal", "-shm"):
+            wal = path.with_name(path.name + suffix)
+            if wal.exists():
+                wal.unlink()
+        _corrupt(path, 4096 + 200)
+        code = _start_and_expect_exit(instance, timeout=20)
+        if code is None:
+            instance.kill9()
+        verdict.expect("REC-OUTBOX-INTEGRITY", code not in (None, 0),
+                       f"with a corrupt outbox.db the daemon {'kept running' if code is None else f'exited {code}'}")
+        verdict.expect("LIFE-EXIT-CODES", code == 5, f"a corrupt outbox.db exited {code}, E-15 says 5")
+    finally:
+        peer.stop()
+
+
+@case("recovery.corrupt_inbox", "REC-INBOX-QUARANTINE")
+def test_corrupt_inbox_is_quarantined(launcher, verdict):
+    timing = launcher.timing
+    peer, instance = fresh(launcher, "corrupt-inbox")
+    try:
+        for n in range(40):
+            peer.push(body=f"inbound {n} " + "x" * 400, client_message_id=unique("corrupt-inbox"))
+        time.sleep(1.0)
+        instance.stop()
+        path = instance.file("inbox_db")
+        if not path.exists():
+            verdict.blocked(["REC-INBOX-QUARANTINE"], f"no inbox.db at {path}")
+        for suffix in ("-wal", "-shm"):
+            wal = path.with_name(path.name + suffix)
+            if wal.exists():
+                wal.unlink()
+        _corrupt(path, 4096 + 200)
+        instance.start(wait=False)
+        try:
+            instance.wait_ready()
+        except (LaunchError, *TARGET_FAILURES) as exc:  # any way of not coming up is the finding
+            verdict.expect("REC-INBOX-QUARANTINE", False, f"with a corrupt inbox.db the daemon did not start: {exc}")
+            return
+        quarantined = sorted(p.name for p in path.parent.glob(path.name + ".corrupt-*"))
+        with verdict.check("REC-INBOX-QUARANTINE"):
+            assert quarantined, f"no {path.name}.corrupt-<ts> beside {path}: {sorted(os.listdir(path.parent))}"
+            peer.wait_linked(timing.reconnect_wait_s)
+            cmid = unique("after-quarantine")
+            peer.push(body="after", client_message_id=cmid)
+            with instance.unix() as client:
+                deadline = time.monotonic() + 10
+                while time.monotonic() < deadline:
+                    items = json_object(client.get("/v1/inbox")).get("items") or []
+                    if any(isinstance(i, dict) and i.get("client_message_id") == cmid for i in items):
+                        break
+                    time.sleep(0.1)
+                else:
+                    raise AssertionError("the recreated inbox does not receive messages")
+    finally:
+        peer.stop()
+
+
+@case("identity.host_fingerprint", "ID-HOST-FINGERPRINT", "ID-MISMATCH-REFUSE", "LIFE-EXIT-CODES")
+def test_host_fingerprint_frozen_and_checked(launcher, verdict):
+    """host_fingerprint.json is written at first start and unchanged by a restart; a fingerprint that no longer
+    matches the host refuses to start (4, E-15)."""
+    peer, instance = fresh(launcher, "host-fingerprint")
+    try:
+        path = instance.file("host_fingerprint")
+        requirements = ["ID-HOST-FINGERPRINT", "ID-MISMATCH-REFUSE", "LIFE-EXIT-CODES"]
+        if not path.exists():
+            verdict.blocked(requirements, f"no host_fingerprint.json at {path}")
+        first = path.read_text(encoding="utf-8")
+        verdict.expect("ID-HOST-FINGERPRINT", HEX64.search(first), f"no sha256 hex in {path.name}: {first[:200]}")
+        instance.restart()
+        verdict.expect("ID-HOST-FINGERPRINT", path.read_text(encoding="utf-8") == first,
+                       "a restart on the same host rewrote host_fingerprint.json")
+        instance.stop()
+        document = json.loads(first)
+        for key, value in list(document.items()):
+            if isinstance(value, str) and HEX64.fullmatch(value):
+                document[key] = ("0" if value[0] != "0" else "1") + value[1:]
+            elif key in ("host_id", "stable_mac") and isinstance(value, str):
+                document[key] = value + "-elsewhere"
+        path.write_text(json.dumps(document), encoding="utf-8")
+        code = _start_and_expect_exit(instance, timeout=20)
+        if code is None:
+            instance.kill9()
+        verdict.expect("ID-MISMATCH-REFUSE", code not in (None, 0),
+                       f"a fingerprint from another host {'was accepted' if code is None else f'exited {code}'}")
+        verdict.expect("LIFE-EXIT-CODES", code == 4, f"a host fingerprint mismatch exited {code}, E-15 says 4")
+    finally:
+        peer.stop()
+
+
+# --- negotiation ------------------------------------------------------------------------------------------------------
+
+BAD_NEGOTIATIONS = [  # name, how to spoil the advertisement, the close_reason kind E-06/§15.5 want
     ("below_floor", {"dedupe_retention_days": 2}, "feature_param_below_floor"),
     ("no_fingerprint", {"request_fingerprint": False}, "feature_param_invalid"),
     ("bad_version", {"version": 2}, "feature_param_invalid"),
     ("bad_mode", {"mode": "forever"}, "feature_param_invalid"),
-    ("missing", None, "feature_unavailable"),
+    ("days_as_string", {"dedupe_retention_days": "7"}, "feature_param_invalid"),
+    ("days_missing", {"dedupe_retention_days": None}, "feature_param_invalid"),
+    ("dedupe_missing", "client_message_id_dedupe", "feature_unavailable"),
+    ("policy_missing", "concurrent_connection_policy", "feature_unavailable"),
 ]
 
 
 @case("negotiation.refused", "NEG-CLOSE-4010", "NEG-CLOSE-REASON-SHAPE", "NEG-PARAM-VALIDATION",
-      "NEG-REQUIRE-DEDUPE")
-@pytest.mark.parametrize(("name", "params", "kind"), BAD_NEGOTIATIONS, ids=[b[0] for b in BAD_NEGOTIATIONS])
-def test_bad_negotiation_closes_4010(launcher, name, params, kind):
-    config = PeerConfig()
-    if params is None:
-        del config.supported["client_message_id_dedupe"]
+      "NEG-REQUIRE-DEDUPE", "LIFE-EXIT-CODES")
+@pytest.mark.parametrize(("name", "spoil", "kind"), BAD_NEGOTIATIONS, ids=[b[0] for b in BAD_NEGOTIATIONS])
+def test_bad_negotiation_closes_4010(launcher, verdict, name, spoil, kind):
+    """A broker advertising a missing or invalid required feature: the daemon closes 4010 with the reason, sends
+    nothing, and exits non-zero (10, E-15)."""
+    config = PeerConfig(dialect=launcher.dialect)
+    feature = "client_message_id_dedupe"
+    if isinstance(spoil, str):
+        del config.supported[spoil]
+        feature = spoil
     else:
-        config.supported["client_message_id_dedupe"]["params"].update(params)
+        for key, value in spoil.items():
+            if value is None:
+                config.supported[feature]["params"].pop(key, None)
+            else:
+                config.supported[feature]["params"][key] = value
+    requirement = "NEG-REQUIRE-DEDUPE" if name in ("no_fingerprint", "dedupe_missing") else "NEG-PARAM-VALIDATION"
     with ScriptedBroker(config) as peer:
         instance = launcher.launch(f"neg-{name}", broker=peer, wait=False)
-        closed = peer.wait_close(timeout=30)
-        assert closed.code == 4010, closed
-        assert len(closed.reason.encode("utf-8")) <= 123
-        reason = json.loads(closed.reason)
-        assert reason["kind"] == kind and reason["feature"] == "client_message_id_dedupe"
-        assert set(reason) <= {"kind", "feature", "detail"}
-        assert instance.wait_exit(timeout=30) != 0
-        assert not peer.received("send")
+        try:
+            link = peer.wait_for(lambda: next((link for link in peer.links.values()
+                                               if link.negotiation_state != "pending"), None),
+                                 launcher.timing.reconnect_wait_s, "the daemon's hello and first frame")
+        except TimeoutError:
+            verdict.blocked([requirement, "NEG-CLOSE-4010"], "the daemon never connected to the broker")
+        if link.negotiation_state == "absent":
+            cmid = unique(f"neg-{name}")
+            dispatched = False
+            try:
+                instance.wait_ready()
+                with instance.unix() as client:
+                    post_send(client, BODY, cmid)
+                dispatched = bool(peer.wait_for(lambda: peer.sends_of(cmid), 10, "a send"))
+            except (LaunchError, *TARGET_FAILURES):  # not dispatching is fine: the finding is the missing negotiation
+                pass
+            detail = (f"the daemon never sent feature_negotiation_request (its first frame after hello_ack: "
+                      f"{link.first_after_ack or 'none'}): it runs against a broker whose {feature} is {name}"
+                      + (" and dispatched a send on that link" if dispatched else ""))
+            for req in (requirement, "NEG-CLOSE-4010"):
+                verdict.expect(req, False, detail)
+            return
+        try:
+            closed = peer.wait_close(timeout=launcher.timing.hello_timeout_s + 10)
+        except TimeoutError:
+            closed = None
+        with verdict.check("NEG-CLOSE-4010"):
+            assert closed is not None and closed.code == 4010, f"the daemon closed with {closed}"
+            assert instance.wait_exit(timeout=30) != 0, "the daemon exited 0"
+        if closed is not None and closed.code == 4010:
+            with verdict.check("NEG-CLOSE-REASON-SHAPE"):
+                assert len(closed.reason.encode("utf-8")) <= 123, f"{len(closed.reason.encode())} bytes"
+                reason = json.loads(closed.reason)
+                assert isinstance(reason, dict) and set(reason) <= {"kind", "feature", "detail"}, reason
+            reason = json.loads(closed.reason)
+            verdict.expect(requirement, reason.get("kind") == kind and reason.get("feature") == feature,
+                           f"close_reason {reason}, expected kind {kind} for {feature}")
+        verdict.expect(requirement, not peer.received("send"), "the daemon dispatched a send before negotiating")
+        if instance.process is not None and instance.process.poll() is not None:
+            verdict.expect("LIFE-EXIT-CODES", instance.process.returncode == 10,
+                           f"a failed negotiation exited {instance.process.returncode}, E-15 says 10")
+
+
+@case("negotiation.optional_invalid", "NEG-OPTIONAL-INVALID")
+def test_invalid_optional_feature_is_ignored(launcher, verdict):
+    """An optional bit with invalid params (max_payload below its floor): the daemon negotiates on and delivers."""
+    config = PeerConfig(dialect=launcher.dialect)
+    config.supported["max_payload"]["params"]["inline_bytes"] = 10
+    config.supported["key_epoch"]["params"]["max_concurrent_epochs"] = "two"
+    with ScriptedBroker(config) as peer:
+        instance = launcher.launch("neg-optional", broker=peer, wait=False)
+        try:
+            instance.wait_ready()
+            peer.wait_linked(launcher.timing.reconnect_wait_s)
+        except (LaunchError, *TARGET_FAILURES) as exc:
+            verdict.expect("NEG-OPTIONAL-INVALID", False, f"the daemon did not come up: {exc}")
+            return
+        cmid = unique("neg-optional")
+        with instance.unix() as client, verdict.check("NEG-OPTIONAL-INVALID"):
+            assert post_send(client, BODY, cmid).status_code == 202
+            wait_row(client, cmid, "done", timeout=launcher.timing.settle_s())
+            assert not [c for c in peer.closes if c.code == 4010], "the daemon closed 4010 over an optional bit"
 
 
 @case("negotiation.order", "NEG-ORDER")
-def test_negotiation_comes_first(api, broker):
+def test_negotiation_comes_first(api, broker, verdict, timing):
+    """On every connection the frame after hello_ack is feature_negotiation_request, and no send precedes the
+    broker's response."""
     cmid = unique("order")
-    api.post("/v1/send", json=BODY, headers={"Idempotency-Key": cmid})
-    wait_row(api, cmid, "done")
-    by_connection: dict[int, list[str]] = {}
-    for record in broker.frames:
-        if record.direction == "in":
-            by_connection.setdefault(record.connection, []).append(record.frame.get("type"))
-    for kinds in by_connection.values():
-        assert kinds[:2] == ["hello", "feature_negotiation_request"], kinds[:3]
+    post_send(api, BODY, cmid)
+    wait_row(api, cmid, "done", timeout=timing.settle_s())
+    links = [link for link in broker.links.values() if link.linked_at is not None]
+    verdict.require("NEG-ORDER", links, "no linked connection to judge")
+    for link in links:
+        verdict.expect("NEG-ORDER", link.first_after_ack == "feature_negotiation_request",
+                       f"connection #{link.connection}: the first frame after hello_ack was "
+                       f"{link.first_after_ack or 'none (nothing within the wait)'}")
+
+
+@case("outbox.listing", "API-OUTBOX")
+def test_outbox_listing_filters(api, broker, verdict, timing):
+    """GET /v1/outbox?status= keeps exactly the rows in that state."""
+    done, dead = unique("list-done"), unique("list-dead")
+    broker.answer(dead, reject(404, "destination_not_found"))
+    for cmid in (done, dead):
+        post_send(api, BODY, cmid)
+    wait_row(api, done, "done", timeout=timing.settle_s())
+    wait_row(api, dead, "dead", timeout=timing.settle_s())
+    for status, inside, outside in (("done", done, dead), ("dead", dead, done)):
+        rows = outbox_rows(api, status)
+        ids = {r.get("client_message_id") for r in rows}
+        with verdict.check("API-OUTBOX"):
+            assert inside in ids and outside not in ids, f"?status={status} kept {len(ids)} rows, " \
+                                                         f"{inside in ids=}, {outside in ids=}"
+            kept = sorted({str(r.get("status")) for r in rows})
+            assert set(kept) <= {status}, f"?status={status} kept rows in {kept}"
