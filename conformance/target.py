@@ -37,6 +37,11 @@ HARNESS_CONFIG = """
 retry_base_ms = 100
 retry_max_ms = 500
 ack_timeout_s = 3.0
+[reconnect]
+initial_ms = 100
+max_ms = 800
+[ipc]
+keepalive_s = 2.0
 [daemon]
 drain_timeout_s = 2.0
 """
