@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.meshspec-installed
 
-.PHONY: setup conform test lint slow slow-bounded bench
+.PHONY: setup conform test lint slow slow-bounded bench interop interop-check
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -41,3 +41,13 @@ bench: $(STAMP)
 	$(BIN)/python bench/broker_accept.py
 	$(BIN)/python bench/trace_check.py
 	$(BIN)/python bench/conformance_run.py
+
+# The upstream claudemesh daemon builds (../shared/upstream/, absent from a user's clone: then this says so and
+# exits 0): `interop` records fixtures/interop/<build>/ and its README; `interop-check` (CI) re-runs 1.21.1 and fails
+# when a verdict moved from the recorded one.
+UPSTREAM ?= ../shared/upstream
+interop: $(STAMP)
+	$(BIN)/python fixtures/interop/run.py --write --upstream $(UPSTREAM)
+
+interop-check: $(STAMP)
+	$(BIN)/python fixtures/interop/run.py --check --build 1.21.1 --upstream $(UPSTREAM)

@@ -234,6 +234,12 @@ class ScriptedBroker:
         with self._cond:
             self.script.setdefault(client_message_id, []).extend(outcomes)
 
+    def forget(self, *cmids: str) -> None:
+        """Drop what is still scripted for ``cmids`` (they are answered by the default again)."""
+        with self._cond:
+            for cmid in cmids:
+                self.script.pop(cmid, None)
+
     def answer_all(self, outcome: Outcome) -> None:
         """Answer every send without a scripted outcome with ``outcome``."""
         with self._cond:

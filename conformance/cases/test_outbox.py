@@ -19,6 +19,7 @@ from conformance.cases._support import (
     EventStream,
     payload,
     post_send,
+    release_rows,
     row_for,
     unique,
     wait_row,
@@ -247,6 +248,7 @@ def test_requeue_pending_and_inflight(api, broker, verdict, timing):
     send(api, inflight)
     row = wait_row(api, inflight, "inflight", timeout=timing.settle_s())
     refused = api.post("/v1/outbox/requeue", json={"id": row.get("id")})
+    release_rows(api, broker, inflight)
     verdict.expect("REQUEUE-STATES-REFUSED", refused.status_code == 409,
                    f"requeue of an inflight row answered {refused.status_code}: {refused.text[:160]}")
     pending = unique("requeue-pending")
@@ -257,6 +259,7 @@ def test_requeue_pending_and_inflight(api, broker, verdict, timing):
     except AssertionError as exc:
         verdict.blocked(["REQUEUE-STATES"], f"no pending row to requeue: {exc}")
     accepted = api.post("/v1/outbox/requeue", json={"id": row.get("id")})
+    release_rows(api, broker, pending)
     verdict.expect("REQUEUE-STATES", accepted.status_code == 200,
                    f"requeue of a pending row answered {accepted.status_code}: {accepted.text[:160]}")
 

@@ -70,7 +70,7 @@ def test_kill9_right_after_202(launcher, verdict):
         instance.start()
         with instance.unix() as client, verdict.check("REC-NO-LOSS"):
             for cmid in cmids:
-                wait_row(client, cmid, "done", timeout=timing.settle_s() + timing.reconnect_wait_s)
+                wait_row(client, cmid, "done", timeout=timing.settle_s() + timing.hello_timeout_s + 5)
             counts = one_message_each(peer, cmids)
             assert set(counts.values()) == {1}, f"messages at the broker per id: {counts}"
     finally:
@@ -472,7 +472,7 @@ def test_sigterm_drains(launcher, verdict):
         with instance.unix() as client:
             assert post_send(client, BODY, cmid).status_code == 202
             wait_row(client, cmid, "inflight", timeout=timing.settle_s())
-        frame = peer.sends_of(cmid)[0].frame
+        frame = peer.wait_for(lambda: peer.sends_of(cmid), timing.settle_s(), f"the send of {cmid}")[0].frame
         kept = instance.unix(timeout=2)  # a connection opened before the signal, kept alive
         kept.get("/v1/health")
         signalled = time.monotonic()
