@@ -11,7 +11,6 @@ import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -73,7 +72,7 @@ def test_an_undeclared_requirement_is_refused():
         Verdicts("n", ("A",)).expect("B", True)
 
 
-# --- verdicts, kinds and exit codes ------------------------------------------------------------------------------------
+# --- verdicts, kinds and exit codes -------------------------------------------------------------------------------
 
 
 def _state(checks: list[Check], strict: bool = False, spec_only: bool = False, errors: list[str] | None = None):
