@@ -261,6 +261,18 @@ CRASH_CONFIG = ("[outbox]\nretry_base_ms = 50\nretry_max_ms = 250\nack_timeout_s
 VICTIMS = ("daemon_master", "daemon_worker", "broker")
 
 
+def _whole_inbox(daemon: Launched) -> list[dict]:
+    """Every inbox item, page by page (a soak delivers more than one page holds)."""
+    items, cursor = [], None
+    with daemon.unix() as client:
+        while True:
+            page = client.get("/v1/inbox", params={"limit": 1000, **({"cursor": cursor} if cursor else {})}).json()
+            items += page["items"]
+            if not page["items"]:
+                return items
+            cursor = page["next_cursor"]
+
+
 def _worker_pids(master: int) -> list[int]:
     """The gunicorn worker(s) of a daemon master: its child processes."""
     try:
@@ -360,9 +372,9 @@ def crash_loop(tmp_path, fork_server, rounds: int, budget_s: float, seed: int) -
             return rows if rows and all(row["status"] == "done" for row in rows) else None
 
         rows = _until(settled, 90, "every outbox row of A done")
-        _until(lambda: len(_inbox(b)) >= len({row["client_message_id"] for row in rows}), 90, "B's inbox")
+        _until(lambda: len(_whole_inbox(b)) >= len({row["client_message_id"] for row in rows}), 90, "B's inbox")
         time.sleep(1.2)  # past a lease: nothing arrives twice
-        inbox = _inbox(b)
+        inbox = _whole_inbox(b)
     finally:
         stop.set()
         stoppers = [threading.Thread(target=daemon.stop, kwargs={"timeout": 10}) for daemon in daemons]
