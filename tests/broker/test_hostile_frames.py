@@ -175,6 +175,7 @@ def fuzz_broker(tmp_path_factory):
     url = f"sqlite:///{tmp_path_factory.mktemp('fuzz') / 'b.db'}"
     with running_broker(url, list(members.values())) as broker, joined(broker.url, members["bob"]) as bob:
         yield broker, members, bob, {"created": set(), "probe": 0, "unanswered": 0}
+    print(json.dumps({"broker_fuzz_examples": len(FUZZ_FRAMES), "broker_fuzz_frames": sum(FUZZ_FRAMES)}))
 
 
 @settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
@@ -232,4 +233,3 @@ def test_after_the_fuzz_the_store_is_consistent(fuzz_broker):
     if not FUZZ_FRAMES:
         pytest.skip("the fuzz did not run")
     assert broker.store.orphan_check() == []
-    print(json.dumps({"broker_fuzz_examples": len(FUZZ_FRAMES), "broker_fuzz_frames": sum(FUZZ_FRAMES)}))

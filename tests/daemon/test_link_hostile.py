@@ -231,6 +231,7 @@ def fuzz_rig(tmp_path_factory):
             yield broker, runtime, client, {"connection": broker.wait_connected(), "valid": [], "sends": []}
         finally:
             runtime.close()
+            print(json.dumps({"inbound_fuzz_examples": len(FUZZ_FRAMES), "inbound_fuzz_frames": sum(FUZZ_FRAMES)}))
 
 
 def _quarantine_seen(client: falcon.testing.TestClient) -> int:
@@ -303,7 +304,6 @@ def test_after_the_fuzz_nothing_accepted_was_lost(fuzz_rig):
     wait_until(lambda: {row["client_message_id"] for row in client.simulate_get(
         "/v1/outbox", params={"status": "done", "limit": 500}, extras=UNIX).json["items"]} >= set(seen["sends"]),
         "every send done")
-    print(json.dumps({"fuzz_examples": len(FUZZ_FRAMES), "fuzz_frames": sum(FUZZ_FRAMES)}))
 
 
 def test_a_too_large_fragmented_message_is_dropped_and_the_next_one_taken(tmp_path):
