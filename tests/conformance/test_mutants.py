@@ -19,8 +19,8 @@ import pytest
 from rich.console import Console
 
 from conformance import registry
-from conformance.mutants import HARNESS_ERROR, MUTANTS, UNDETECTABLE, killmatrix, patched
-from conformance.mutants.miniatures import MINIATURES
+from tests.conformance.mutants import HARNESS_ERROR, MUTANTS, UNDETECTABLE, killmatrix, patched
+from tests.conformance.mutants.miniatures import MINIATURES
 from spec import SPEC_DIR, load_json, load_yaml
 
 SUBJECTS = killmatrix.subjects()

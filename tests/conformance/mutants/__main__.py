@@ -1,4 +1,4 @@
-"""``python -m conformance.mutants NAME [meshd arguments]``: run the reference daemon with mutant NAME applied.
+"""``python -m tests.conformance.mutants NAME [meshd arguments]``: run the reference daemon with mutant NAME applied.
 
 NAME ``reference`` applies nothing (the control). The patch is applied in this process before ``meshd`` parses its
 arguments, so the gunicorn worker forked from it inherits the deviation.
@@ -20,7 +20,7 @@ def main(argv: list[str]) -> int:
     if name != "reference":
         entry = MUTANTS.get(name) or UNDETECTABLE.get(name)
         if entry is None or entry.apply is None:
-            print(f"conformance.mutants: unknown mutant {name!r}", file=sys.stderr)
+            print(f"tests.conformance.mutants: unknown mutant {name!r}", file=sys.stderr)
             return 2
         entry.apply(Patcher())
     from reference.cli import main as meshd

@@ -1,6 +1,6 @@
 """Miniatures: toy daemons that honour the launch contract and nothing else (bowtie's ``tests/miniatures.py``).
 
-``python -m conformance.mutants.miniatures KIND --state-dir DIR --broker-url URL --port PORT`` creates DIR, writes a
+``python -m tests.conformance.mutants.miniatures KIND --state-dir DIR --broker-url URL --port PORT`` creates DIR, writes a
 ``local_token``, listens on ``DIR/daemon.sock`` and on ``127.0.0.1:PORT`` with the stdlib's HTTP/1.1 server (no
 framework: a miniature must not inherit anything from the reference), and never connects to the broker:
 
@@ -33,7 +33,7 @@ HEALTHY = {"ok": True, "connected": True, "lag_ms": None, "queue_depth": 0, "inf
 
 def template(kind: str) -> str:
     """The launch template that runs miniature ``kind``."""
-    return (f"{shlex.quote(sys.executable)} -m conformance.mutants.miniatures {kind} --state-dir {{state_dir}} "
+    return (f"{shlex.quote(sys.executable)} -m tests.conformance.mutants.miniatures {kind} --state-dir {{state_dir}} "
             "--broker-url {broker_url} --port {port}")
 
 
@@ -99,7 +99,7 @@ class _TcpServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m conformance.mutants.miniatures")
+    parser = argparse.ArgumentParser(prog="python -m tests.conformance.mutants.miniatures")
     parser.add_argument("kind", choices=sorted(MINIATURES))
     parser.add_argument("--state-dir", type=Path, required=True)
     parser.add_argument("--broker-url", required=True)

@@ -1,6 +1,6 @@
 """The kill matrix: run meshconform against every mutant and miniature and record which requirements caught it.
 
-    python -m conformance.mutants.killmatrix [--json] [--only NAME ...] [--full] [--control] [--workers 2]
+    python -m tests.conformance.mutants.killmatrix [--json] [--only NAME ...] [--full] [--control] [--workers 2]
 
 Each subject runs as ``meshconform run --launch TEMPLATE --select <its selection> --strict --seed 1 --report-dir DIR
 --quiet`` in a subprocess (its own scripted broker and daemon on 127.0.0.1; ``--strict`` so a SHOULD failure fails the
@@ -28,12 +28,12 @@ from rich.table import Table
 from . import HARNESS_ERROR, MUTANTS, UNDETECTABLE, Mutant, template
 from .miniatures import MINIATURES
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def control_subject(selection: Sequence[str]) -> Mutant:
     """The reference through the mutants' own entry point, nothing patched, on ``selection`` (the control)."""
-    return Mutant("reference", "the reference daemon via conformance.mutants, nothing patched (the control)", (),
+    return Mutant("reference", "the reference daemon via tests.conformance.mutants, nothing patched (the control)", (),
                   select=tuple(selection), kind="control", launch=template("reference"), est_s=60)
 
 
@@ -176,7 +176,7 @@ def _known_gap(name: str) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m conformance.mutants.killmatrix",
+    parser = argparse.ArgumentParser(prog="python -m tests.conformance.mutants.killmatrix",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print the matrix as JSON on stdout")
     parser.add_argument("--only", action="append", default=[], help="a mutant or miniature name (repeatable)")

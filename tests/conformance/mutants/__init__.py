@@ -2,7 +2,7 @@
 
 Theory of operation. A mutant is the reference daemon with ONE small, named deviation from the spec. ``apply``
 monkeypatches the reference in-process (one function, method or constant replaced by a broken variant); the launch
-template ``python -m conformance.mutants NAME up ...`` applies it and then runs ``meshd up`` in the same process. The
+template ``python -m tests.conformance.mutants NAME up ...`` applies it and then runs ``meshd up`` in the same process. The
 gunicorn master forks its worker from that process, so the patch is in the worker too, and a restart (the recovery
 cases) re-applies it. ``kills`` names the requirement ids the suite must fail the mutant for; ``select`` narrows the run
 to the cases that can see the deviation (default: every case checking one of ``kills``). ``killmatrix.py`` runs the
@@ -76,7 +76,7 @@ UNDETECTABLE: dict[str, Mutant] = {}
 
 def template(name: str) -> str:
     """The launch template that runs mutant ``name`` (see conformance/launch.py for the placeholders)."""
-    return (f"{shlex.quote(sys.executable)} -m conformance.mutants {name} up --state-dir {{state_dir}} "
+    return (f"{shlex.quote(sys.executable)} -m tests.conformance.mutants {name} up --state-dir {{state_dir}} "
             "--broker-url {broker_url} --port {port}")
 
 
