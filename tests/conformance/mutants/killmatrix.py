@@ -1,18 +1,22 @@
 """The kill matrix: run meshconform against every mutant and miniature and record which requirements caught it.
 
     python -m tests.conformance.mutants.killmatrix [--json] [--only NAME ...] [--full] [--control] [--workers 2]
+                                                   [--record tests/conformance/killmatrix.json]
 
-Each subject runs as ``meshconform run --launch TEMPLATE --select <its selection> --strict --seed 1 --report-dir DIR
---quiet`` in a subprocess (its own scripted broker and daemon on 127.0.0.1; ``--strict`` so a SHOULD failure fails the
-run too). A subject is *killed* when one of the requirements it is expected to fail has verdict ``fail`` in
-report.json, or, for a subject expected to be a harness error, when meshconform exits 2. Exit status: 1 when any
-subject survived (known gaps included) or the control failed, else 0.
+Run it from the repository root. Each subject runs as ``meshconform run --launch TEMPLATE --select <its selection>
+--strict --seed 1 --deadline <its deadline> --report-dir DIR --quiet`` in a subprocess (its own scripted broker and
+daemon on 127.0.0.1; ``--strict`` so a SHOULD failure fails the run too). A subject is *killed* when one of the
+requirements it is expected to fail has verdict ``fail`` in report.json, or, for a subject expected to be a harness
+error, when meshconform exits 2 naming the launch failure. Exit status: 1 when any subject survived (known gaps
+included) or the control failed, else 0. ``--record`` writes the matrix as JSON (tests/conformance/killmatrix.json
+is the committed one).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -23,18 +27,21 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from . import HARNESS_ERROR, MUTANTS, UNDETECTABLE, Mutant, template
 from .miniatures import MINIATURES
 
 REPO = Path(__file__).resolve().parents[3]
+GRACE_S = 60.0  # how far past its --deadline a run may end (start-up, teardown, the report)
 
 
 def control_subject(selection: Sequence[str]) -> Mutant:
-    """The reference through the mutants' own entry point, nothing patched, on ``selection`` (the control)."""
-    return Mutant("reference", "the reference daemon via tests.conformance.mutants, nothing patched (the control)", (),
-                  select=tuple(selection), kind="control", launch=template("reference"), est_s=60)
+    """The reference through the mutants' own entry point, nothing replaced, on ``selection`` (the control)."""
+    return Mutant("reference", "the reference daemon via tests.conformance.mutants, nothing replaced (the control)",
+                  (), select=tuple(selection), kind="control", launch=template("reference"), est_s=900,
+                  deadline_s=1500)
 
 
 @dataclass
@@ -47,6 +54,7 @@ class Verdict:
     expected: list[str]
     selection: list[str]
     exit_code: int
+    deadline_s: float = 600.0
     verdicts: dict[str, str] = field(default_factory=dict)  # requirement id -> verdict, for every checked one
     failed_cases: list[str] = field(default_factory=list)
     harness_errors: list[str] = field(default_factory=list)
@@ -75,6 +83,10 @@ class Verdict:
         """For the control: the run passed and no requirement failed."""
         return self.exit_code == 0 and "fail" not in self.verdicts.values()
 
+    @property
+    def in_time(self) -> bool:
+        return self.duration_s <= self.deadline_s + GRACE_S
+
     def as_dict(self) -> dict:
         return {**asdict(self), "killed": self.killed, "killed_by": self.killed_by, "also_failed": self.also_failed}
 
@@ -89,22 +101,25 @@ def subjects(only: Iterable[str] = ()) -> list[Mutant]:
     return [everything[n] for n in names]
 
 
-def run_one(subject: Mutant, select: Sequence[str] | None = None, seed: int = 1, timeout: float = 600.0) -> Verdict:
+def run_one(subject: Mutant, select: Sequence[str] | None = None, seed: int = 1) -> Verdict:
     """Run meshconform once against ``subject`` (``select=None``: its own selection; ``[]``: the whole suite)."""
     selection = list(subject.selection if select is None else select)
     with tempfile.TemporaryDirectory(prefix=f"killmatrix-{subject.name}-") as tmp:
-        argv = [sys.executable, "-m", "conformance.cli", "run", "--launch", subject.template,
-                "--strict", "--seed", str(seed), "--report-dir", tmp, "--quiet"]
+        argv = [sys.executable, "-m", "conformance.cli", "run", "--launch", subject.template, "--strict",
+                "--seed", str(seed), "--deadline", f"{subject.deadline_s:g}", "--report-dir", tmp, "--quiet"]
         for item in selection:
             argv += ["--select", item]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
         started = time.monotonic()
         try:
-            done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=timeout, check=False)
+            done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, check=False,
+                                  timeout=subject.deadline_s + 2 * GRACE_S)
             exit_code, output = done.returncode, done.stdout + done.stderr
         except subprocess.TimeoutExpired as exc:
-            exit_code, output = -1, f"meshconform did not finish within {timeout:g} s: {exc}"
+            exit_code, output = -1, f"meshconform did not finish within {subject.deadline_s + 2 * GRACE_S:g} s: {exc}"
         verdict = Verdict(subject.name, subject.kind, subject.description, list(subject.kills), selection, exit_code,
-                          duration_s=round(time.monotonic() - started, 1), output_tail=output[-3000:])
+                          deadline_s=subject.deadline_s, duration_s=round(time.monotonic() - started, 1),
+                          output_tail=output[-3000:])
         report_path = Path(tmp) / "report.json"
         if report_path.exists():
             report = json.loads(report_path.read_text(encoding="utf-8"))
@@ -130,7 +145,7 @@ def run(mutants: Sequence[Mutant], select_by_expected: bool = True, workers: int
     return matrix
 
 
-_COLOR = {"fail": "red", "pass": "green", "skip": "yellow"}
+_COLOR = {"fail": "red", "pass": "green", "skip": "yellow", "error": "magenta"}
 
 
 def render(matrix: Sequence[Verdict], console: Console) -> None:
@@ -142,7 +157,7 @@ def render(matrix: Sequence[Verdict], console: Console) -> None:
         cells = []
         for requirement in row.expected:
             if requirement == HARNESS_ERROR:
-                value = "exit 2" if row.exit_code == 2 else f"exit {row.exit_code}"
+                value = f"exit {row.exit_code}"
                 color = "red" if row.exit_code == 2 else "yellow"
             else:
                 value = row.verdicts.get(requirement, "not run")
@@ -151,28 +166,48 @@ def render(matrix: Sequence[Verdict], console: Console) -> None:
         if row.kind == "control":
             result = "[green]passes[/]" if row.passed else f"[bold red]FAILS (exit {row.exit_code})[/]"
         elif row.killed:
-            result = "[green]killed[/]"
+            result = "[green]killed[/]" + ("" if row.in_time else " [bold red](past its deadline)[/]")
         else:
             result = "[bold red]SURVIVED[/]" + (" (known gap)" if _known_gap(row.name) else "")
-        table.add_row(row.name, row.kind, "\n".join(cells) or "—", " ".join(row.also_failed) or "—", result,
+        table.add_row(escape(row.name), row.kind, "\n".join(cells) or "—", " ".join(row.also_failed) or "—", result,
                       f"{row.duration_s:g}")
     for entry in UNDETECTABLE.values():
-        table.add_row(entry.name, "undetectable", " ".join(entry.kills), "—", "[dim]not run[/]", "—")
+        table.add_row(escape(entry.name), "undetectable", " ".join(entry.kills), "—", "[dim]not run[/]", "—")
     console.print(table)
-    survivors = [r.name for r in matrix if r.kind != "control" and not r.killed]
+    survivors = [r for r in matrix if r.kind != "control" and not r.killed]
     killed = sum(1 for r in matrix if r.kind != "control" and r.killed)
     console.print(f"killed {killed} of {killed + len(survivors)}"
-                  + (f"; [bold red]survived: {', '.join(survivors)}[/]" if survivors else ""))
-    for name in survivors:
-        if _known_gap(name):
-            console.print(f"[yellow]{name}: known gap: {_known_gap(name)}[/]")
+                  + (f"; [bold red]survived: {escape(', '.join(r.name for r in survivors))}[/]" if survivors else ""))
+    for row in survivors:
+        gap = _known_gap(row.name)
+        seen = {r: row.verdicts.get(r, "not run") for r in row.expected}
+        console.print(f"[yellow]{escape(row.name)}[/]: exit {row.exit_code}, expected {escape(str(seen))}"
+                      + (f"; known gap: {escape(gap)}" if gap else ""))
     for entry in UNDETECTABLE.values():
-        console.print(f"[dim]{entry.name} not run: {entry.undetectable}[/]")
+        console.print(f"[dim]{escape(entry.name)} not run: {escape(entry.undetectable or '')}[/]")
 
 
 def _known_gap(name: str) -> str | None:
     entry = MUTANTS.get(name) or MINIATURES.get(name)
     return None if entry is None else entry.known_gap
+
+
+def record(matrix: Sequence[Verdict], path: Path, wall_s: float) -> None:
+    """Write the matrix as JSON: per subject what was expected, what the report said, and the run's wall time."""
+    rows = []
+    for row in matrix:
+        rows.append({"name": row.name, "kind": row.kind, "expected": row.expected, "selection": row.selection,
+                     "exit_code": row.exit_code, "killed": row.killed if row.kind != "control" else None,
+                     "passed": row.passed if row.kind == "control" else None, "killed_by": row.killed_by,
+                     "expected_verdicts": {r: row.verdicts.get(r, "not run") for r in row.expected
+                                           if r != HARNESS_ERROR},
+                     "also_failed": row.also_failed, "duration_s": row.duration_s, "deadline_s": row.deadline_s,
+                     "known_gap": _known_gap(row.name)})
+    document = {"wall_s": round(wall_s, 1), "subjects": len([r for r in matrix if r.kind != "control"]),
+                "killed": sum(1 for r in matrix if r.kind != "control" and r.killed),
+                "survivors": [r.name for r in matrix if r.kind != "control" and not r.killed],
+                "undetectable": {m.name: m.undetectable for m in UNDETECTABLE.values()}, "matrix": rows}
+    path.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -184,15 +219,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--control", action="store_true", help="also run the reference on the union of selections")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--record", type=Path, help="write the matrix as JSON to this file")
     args = parser.parse_args(argv)
     chosen = subjects(args.only)
     if args.control:
-        chosen.append(control_subject([] if args.full else sorted({item for m in chosen for item in m.selection})))
+        chosen.append(control_subject([] if args.full else sorted({item for m in chosen if m.kind == "mutant"
+                                                                    for item in m.selection})))
     console = Console(stderr=args.json, width=160)
+    started = time.monotonic()
     matrix = run(chosen, select_by_expected=not args.full, workers=args.workers, seed=args.seed)
     if args.json:
         print(json.dumps([row.as_dict() for row in matrix], indent=2))
     render(matrix, console)
+    wall = time.monotonic() - started
+    console.print(f"wall time {wall:.0f} s with {args.workers} worker(s)")
+    if args.record:
+        record(matrix, args.record, wall)
     failed = [r for r in matrix if (r.kind == "control" and not r.passed) or (r.kind != "control" and not r.killed)]
     return 1 if failed else 0
 
