@@ -59,7 +59,7 @@ DEFAULT_SUPPORTED: dict[str, dict[str, Any]] = {
     "concurrent_connection_policy": {"params": {"version": 1, "default_policy": "prefer_newest"}},
     "member_keypair_rotated_event": {"params": {"version": 1}},
     "key_epoch": {"params": {"version": 1, "max_concurrent_epochs": 2}},
-    "max_payload": {"params": {"version": 1, "inline_bytes": 65536, "blob_bytes": 524288000}},
+    "max_payload": {"params": {"version": 1, "inline_bytes": 2 * 1024 * 1024, "blob_bytes": 524288000}},
 }
 DIALECTS = ("auto", "meshspec", "claudemesh")
 
@@ -256,6 +256,17 @@ class ScriptedBroker:
              connection: int | None = None) -> dict[str, Any]:
         """Push one inbound message to the connected implementation, in its dialect; returns the frame sent."""
         conn_id = connection if connection is not None else self.wait_connected()
+        frame = self.push_frame(body=body, client_message_id=client_message_id, sender=sender, topic=topic,
+                                delivery_id=delivery_id, attempt=attempt, broker_message_id=broker_message_id,
+                                meta=meta, connection=conn_id)
+        self.send_raw(frame, conn_id)
+        return frame
+
+    def push_frame(self, *, body: str, client_message_id: str | None = None, sender: str = "ab" * 32,
+                   topic: str | None = None, delivery_id: str | None = None, attempt: int = 1,
+                   broker_message_id: str | None = None, meta: dict[str, Any] | None = None,
+                   connection: int | None = None) -> dict[str, Any]:
+        """The push frame for one inbound message in the dialect of the newest (or a given) connection."""
         frame: dict[str, Any] = {
             "type": "push", "messageId": broker_message_id or str(ULID()), "meshId": "mesh",
             "senderPubkey": sender, "senderName": "scripted", "topic": topic, "replyToId": None,
@@ -263,13 +274,12 @@ class ScriptedBroker:
             "client_message_id": client_message_id or str(ULID()), "delivery_id": delivery_id or str(ULID()),
             "attempt": attempt,
         }
-        if self.dialect_of(conn_id) == "claudemesh":
+        if self.dialect_of(connection) == "claudemesh":
             frame.update(nonce="", ciphertext=base64.b64encode(body.encode("utf-8")).decode("ascii"))
             if meta is not None:
                 frame["meta"] = meta
         else:
             frame.update(body=body, meta=meta)
-        self.send_raw(frame, conn_id)
         return frame
 
     def push_system(self, event: str, data: dict[str, Any]) -> None:
@@ -350,6 +360,11 @@ class ScriptedBroker:
                 if remaining <= 0:
                     raise TimeoutError(f"scripted broker: timed out after {timeout:g} s waiting for {what}")
                 self._cond.wait(min(remaining, 0.1))
+
+    def connection_times(self, after: int = 0) -> list[float]:
+        """When each connection numbered above ``after`` was opened (the implementation's connect attempts)."""
+        with self._cond:
+            return [link.opened_at for number, link in sorted(self.links.items()) if number > after]
 
     def linked(self) -> Link | None:
         """The newest open connection that completed its handshake (the peer's own evidence of a link)."""

@@ -48,7 +48,10 @@ def cases(*dirs: Path) -> tuple[CaseInfo, ...]:
             for decorator in node.decorator_list:
                 if (isinstance(decorator, ast.Call) and isinstance(decorator.func, ast.Name)
                         and decorator.func.id == "case"):
-                    args = [a.value for a in decorator.args if isinstance(a, ast.Constant)]
+                    if not all(isinstance(a, ast.Constant) and isinstance(a.value, str) for a in decorator.args):
+                        raise ValueError(f"{path.name}:{node.lineno}: @case arguments must be string literals "
+                                         "(the spec gate reads them without importing the case)")
+                    args = [a.value for a in decorator.args]
                     found.append(CaseInfo(args[0], tuple(args[1:]), path.stem, node.name))
     return tuple(found)
 

@@ -248,3 +248,94 @@ def parse_responses(data: bytes) -> list[tuple[int, dict[str, str], bytes]]:
         responses.append((status, headers, bytes(body)))
         data = rest
     return responses
+
+
+class EventStream:
+    """GET /v1/events read on a background thread: live events (and replayed ones) collect in ``events``.
+
+    For daemons without replay a case opens the stream before it causes the events it waits for. The stream owns
+    ``client`` (give it a client of its own): ``close`` closes it, which ends a read that is still waiting.
+    Everything is bounded by ``limit_s``.
+    """
+
+    def __init__(self, client: httpx.Client, headers: dict[str, str] | None = None, limit_s: float = 60.0):
+        self.client = client
+        self.headers = headers or {}
+        self.events: list[dict] = []
+        self.comments: list[tuple[float, str]] = []
+        self.status: int | None = None
+        self.error: str | None = None
+        self._opened = threading.Event()
+        self._cond = threading.Condition()
+        self._response: httpx.Response | None = None
+        self._deadline = time.monotonic() + limit_s
+        self._thread = threading.Thread(target=self._run, daemon=True, name="sse-reader")
+        self._thread.start()
+
+    def _run(self) -> None:
+        current: dict[str, str] = {}
+        try:
+            with self.client.stream("GET", "/v1/events", headers=self.headers, timeout=httpx.Timeout(5.0, read=20.0)
+                                    ) as response:
+                self._response = response
+                self.status = response.status_code
+                self._opened.set()
+                if response.status_code != 200:
+                    return
+                for line in response.iter_lines():
+                    if time.monotonic() > self._deadline:
+                        return
+                    if line.startswith(":"):
+                        self.comments.append((time.monotonic(), line))
+                        continue
+                    if not line:
+                        if "event" in current or "data" in current:
+                            try:
+                                current["json"] = json.loads(current.get("data", "null"))
+                            except ValueError:
+                                current["json"] = None
+                            current.setdefault("event", "message")
+                            with self._cond:
+                                self.events.append(current)
+                                self._cond.notify_all()
+                        current = {}
+                        continue
+                    key, _, value = line.partition(":")
+                    value = value[1:] if value.startswith(" ") else value
+                    current[key] = current[key] + "\n" + value if key == "data" and key in current else value
+        except (httpx.HTTPError, OSError, RuntimeError) as exc:
+            self.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            self._opened.set()
+            with self._cond:
+                self._cond.notify_all()
+
+    def opened(self, timeout: float = 10.0) -> int | None:
+        """Wait for the response head; returns its status (None when it never came)."""
+        self._opened.wait(timeout)
+        return self.status
+
+    def wait(self, predicate, timeout: float, what: str = "events") -> list[dict]:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while not predicate(self.events):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not self._thread.is_alive():
+                    raise AssertionError(f"no {what} on GET /v1/events within {timeout:g} s "
+                                         f"({len(self.events)} event(s) seen{'; ' + self.error if self.error else ''})")
+                self._cond.wait(min(remaining, 0.2))
+            return list(self.events)
+
+    def close(self) -> None:
+        if self._response is not None:
+            with contextlib.suppress(httpx.HTTPError, OSError, RuntimeError):
+                self._response.close()
+        with contextlib.suppress(httpx.HTTPError, OSError, RuntimeError):
+            self.client.close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> EventStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -10,6 +10,7 @@ and the error envelope (ERR-PROBLEM-JSON). Requests use a destination every `to`
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import re
 import threading
@@ -31,13 +32,19 @@ from conformance.cases._support import (
 from conformance.peer import SILENT, fail, reject
 from conformance.registry import case
 from conformance.wire import json_object
-from reference.core import parse_send
+from reference.core import canonical_preimage, parse_send
 from spec import SPEC_DIR, load_json, load_table
 
 ULID = re.compile(r"^[0-7][0-9A-HJKMNP-TV-Z]{25}$")
+ULID_INSIDE = re.compile(r"(?<![0-9A-Za-z])[0-7][0-9A-HJKMNP-TV-Za-hjkmnp-tv-z]{25}(?![0-9A-Za-z])")
 LOOKUP = load_table("ipc_lookup")
 ROW_REQUIREMENTS = sorted({r for row in LOOKUP["rows"] for r in row["requirements"]})
+# The answer's members beyond the spec's own words belong to the OpenAPI shape (E-29): per success row, and for 409s.
+BODY_REQUIREMENT = {"IPC-NEW-ROW": "IPC-NEW-ROW-BODY", "IPC-PENDING-MATCH": "IPC-PENDING-MATCH-BODY",
+                    "IPC-INFLIGHT-MATCH": "IPC-INFLIGHT-MATCH-BODY", "IPC-DONE-MATCH": "IPC-DONE-MATCH-BODY"}
 IDENTITY = ("id", "client_message_id", "request_fingerprint")
+HEX16 = re.compile(r"^[0-9a-f]{16}$")
+HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
 def reach(api, broker, verdict, timing, state: str, cmid: str, blocked: list[str]) -> None:
@@ -94,7 +101,10 @@ def _reach_pending(api, broker, verdict, timing, cmid, blocked) -> None:
                                  f"retries: {exc}")
 
 
-@case("ipc.lookup.row", *ROW_REQUIREMENTS, "FP-PREFIX-409", "IPC-STABLE-ID", "FP-FROZEN")
+@case("ipc.lookup.row", "IPC-NEW-ROW", "IPC-PENDING-MATCH", "IPC-INFLIGHT-MATCH", "IPC-DONE-MATCH",
+      "IPC-DONE-MISMATCH", "IPC-DEAD-MATCH", "IPC-CONFLICT-NO-MUTATION", "REQUEUE-NEVER-FREES", "IPC-NEW-ROW-BODY",
+      "IPC-PENDING-MATCH-BODY", "IPC-INFLIGHT-MATCH-BODY", "IPC-DONE-MATCH-BODY", "IPC-CONFLICT-BODY",
+      "FP-PREFIX-409", "FP-PREFIX-409-WHICH", "IPC-STABLE-ID", "FP-FROZEN")
 @pytest.mark.parametrize("row", LOOKUP["rows"], ids=lambda r: r["id"])
 def test_lookup_row(api, broker, verdict, timing, row):
     """Each row of spec/tables/ipc_lookup.yaml, reached through the protocol and answered exactly."""
@@ -102,7 +112,10 @@ def test_lookup_row(api, broker, verdict, timing, row):
     mismatch = row["when"]["fingerprint"] == "mismatch"
     cmid = unique(row["id"].lower())
     then = row["then"]
-    checked = [*row["requirements"], "FP-PREFIX-409" if then["http_status"] == 409 else "IPC-STABLE-ID"]
+    conflict_row = then["http_status"] == 409
+    checked = [*row["requirements"], *(["FP-PREFIX-409", "FP-PREFIX-409-WHICH", "IPC-CONFLICT-BODY"] if conflict_row
+                                       else ["IPC-STABLE-ID"]),
+               *(BODY_REQUIREMENT[r] for r in row["requirements"] if r in BODY_REQUIREMENT)]
     try:
         reach(api, broker, verdict, timing, state, cmid, checked)
         before = row_for(api, cmid)
@@ -118,10 +131,8 @@ def test_lookup_row(api, broker, verdict, timing, row):
         own = requirement not in GENERIC  # the members a row includes belong to that row's own requirement
         with verdict.check(requirement):
             assert response.status_code == then["http_status"], f"{row['id']}: expected {then['http_status']}, {got}"
-            if then["http_status"] == 409:
+            if conflict_row:
                 assert body.get("conflict") == then["conflict"], f"{row['id']}: conflict {body.get('conflict')!r}"
-            elif then["http_status"] == 202:
-                assert body.get("status") == then["status"], f"{row['id']}: status {body.get('status')!r}, {got}"
             if then.get("mutation") == "insert_pending":
                 assert after is not None and after.get("status") in ("pending", "inflight", "done"), \
                     f"no row after the 202: {after}"
@@ -132,6 +143,8 @@ def test_lookup_row(api, broker, verdict, timing, row):
             if own and "broker_message_id" in then.get("include", ()):
                 assert body.get("broker_message_id") == (before or {}).get("broker_message_id"), \
                     f"broker_message_id {body.get('broker_message_id')!r} is not the row's"
+            if own and then["http_status"] == 200:
+                assert body.get("duplicate") is True, f"{row['id']}: duplicate {body.get('duplicate')!r}, {got}"
             if own and "history_id" in then.get("include", ()):
                 entry = broker.dedupe.get(cmid)
                 assert entry is not None and body.get("history_id") == entry.history_id, \
@@ -140,18 +153,26 @@ def test_lookup_row(api, broker, verdict, timing, row):
             if own and "reason" in then.get("include", ()):
                 assert body.get("reason") == ((before or {}).get("last_error") or ""), \
                     f"reason {body.get('reason')!r} is not the row's last_error {(before or {}).get('last_error')!r}"
-    if then["http_status"] == 409:
+    for requirement in row["requirements"]:
+        body_requirement = BODY_REQUIREMENT.get(requirement)
+        if body_requirement and response.status_code == then["http_status"]:
+            _check_body(verdict, body_requirement, row, body, cmid)
+    if conflict_row:
+        prefix = body.get("daemon_fingerprint_prefix")
+        verdict.expect("FP-PREFIX-409", isinstance(prefix, str) and HEX16.match(prefix),
+                       f"the 409 carries daemon_fingerprint_prefix {prefix!r}, not 8 bytes of hex")
         own_print = daemon_fingerprint(api, broker, timing, request)
         stored = daemon_fingerprint(api, broker, timing, BODY)
-        prefix = body.get("daemon_fingerprint_prefix")
         if own_print is None:
-            verdict.expect("FP-PREFIX-409", isinstance(prefix, str) and re.fullmatch("[0-9a-f]{16}", prefix),
-                           f"daemon_fingerprint_prefix {prefix!r} is not 16 lowercase hex characters")
+            verdict.skip("FP-PREFIX-409-WHICH", "the daemon shows its own fingerprint of a request nowhere")
         else:
-            verdict.expect("FP-PREFIX-409", prefix == own_print[:16],
+            verdict.expect("FP-PREFIX-409-WHICH", prefix == own_print[:16],
                            f"daemon_fingerprint_prefix {prefix!r}, expected {own_print[:16]}: the first 8 bytes of "
                            f"the fingerprint the daemon computes for this request (E-26)"
                            + (" — it names the stored row's instead" if stored and prefix == stored[:16] else ""))
+        with verdict.check("IPC-CONFLICT-BODY"):
+            assert body.get("error") == "idempotency_key_reused", f"error {body.get('error')!r}"
+            assert body.get("client_message_id") == cmid, f"client_message_id {body.get('client_message_id')!r}"
     else:
         verdict.expect("IPC-STABLE-ID", body.get("client_message_id") == cmid,
                        f"the answer names client_message_id {body.get('client_message_id')!r}, not {cmid!r}")
@@ -162,6 +183,18 @@ def test_lookup_row(api, broker, verdict, timing, row):
 
 
 GENERIC = {"IPC-CONFLICT-NO-MUTATION", "REQUEUE-NEVER-FREES"}
+
+
+def _check_body(verdict, requirement: str, row: dict, body: dict, cmid: str) -> None:
+    """The members E-29 pins for a successful answer (status word, duplicate flag, the whole fingerprint)."""
+    then = row["then"]
+    with verdict.check(requirement):
+        assert body.get("status") == then["status"], f"{row['id']}: status {body.get('status')!r}"
+        assert body.get("duplicate") is then["duplicate"], f"{row['id']}: duplicate {body.get('duplicate')!r}"
+        assert body.get("client_message_id") == cmid, f"client_message_id {body.get('client_message_id')!r}"
+        if then["http_status"] == 202:
+            shown = body.get("request_fingerprint")
+            assert isinstance(shown, str) and HEX64.match(shown), f"request_fingerprint {shown!r}"
 _OWN_PRINTS: dict[tuple[int, str], str | None] = {}
 
 
@@ -242,16 +275,17 @@ def test_header_wins(api, verdict):
             "without the header, the body's client_message_id is not used"
 
 
-@case("ipc.id.minted", "IPC-ID-MINTED-ULID")
+@case("ipc.id.minted", "IPC-ID-MINTED-ULID", "IPC-ID-MINTED-FORM")
 def test_minted_ids_are_ulids(api, verdict):
+    """Without a caller id the daemon mints a ULID (v3 §4.2) and returns it; E-02: the bare 26-character form."""
     ids = [json_object(post_send(api, BODY)).get("client_message_id") for _ in range(3)]
     with verdict.check("IPC-ID-MINTED-ULID"):
         assert len(set(ids)) == 3, f"minted ids repeat: {ids}"
-        bad = [i for i in ids if not isinstance(i, str) or not ULID.match(i)]
-        assert not bad, f"minted ids are not ULIDs (26 Crockford base-32 characters, E-02): {bad}"
-        rows = {r.get("client_message_id"): r for r in outbox_rows(api)}
-        row_ids = [rows.get(i, {}).get("id") for i in ids]
-        assert all(isinstance(r, str) and ULID.match(r) for r in row_ids), f"outbox row ids are not ULIDs: {row_ids}"
+        bad = [i for i in ids if not isinstance(i, str) or not ULID_INSIDE.search(i)]
+        assert not bad, f"minted ids are not ULIDs: {bad}"
+        assert all(row_for(api, i) for i in ids), "a minted id has no outbox row"
+    verdict.expect("IPC-ID-MINTED-FORM", all(isinstance(i, str) and ULID.match(i) for i in ids),
+                   f"minted ids are not bare 26-character ULIDs: {ids}")
 
 
 BAD_IDS = ["has space", "a/b", "-leading", "x" * 129, "é", "trailing\n", "tab\tinside", "", "a" * 200]
@@ -330,7 +364,20 @@ def _seen_fingerprint(api, broker, response, cmid: str, timeout: float) -> tuple
     return (answer, "its 202") if isinstance(answer, str) else (None, "nowhere")
 
 
-@case("ipc.fingerprint.vectors", "FP-CANONICAL-FORM", "FP-JCS", "FP-EMPTY-META", "FP-DEFAULTS")
+def _variants(raw: bytes, key: str | None) -> dict[str, str]:
+    """The fingerprint of ``raw`` as the spec and E-03 compute it (``hex``), and as two readings of §4.4's "hex"
+    that other implementations use: upper-case hex (still the spec, not E-03) and the raw 32 digest bytes (not hex
+    at all). Knowing which one a daemon produced keeps one defect from hiding the rest of the preimage."""
+    request = parse_send(raw, key)
+    preimage = canonical_preimage(request.fingerprint_input())
+    digest = hashlib.sha256(request.message.encode("utf-8")).digest()
+    stem = preimage[:-64]
+    return {"hex": hashlib.sha256(preimage).hexdigest(),
+            "HEX": hashlib.sha256(stem + digest.hex().upper().encode()).hexdigest(),
+            "raw": hashlib.sha256(stem + digest).hexdigest()}
+
+
+@case("ipc.fingerprint.vectors", "FP-CANONICAL-FORM", "FP-BODY-HASH-HEX", "FP-JCS", "FP-EMPTY-META", "FP-DEFAULTS")
 @pytest.mark.parametrize("vector", SPEC_VECTORS, ids=lambda v: v["id"])
 def test_fingerprint_vector(api, broker, verdict, timing, vector):
     """Every valid spec/vectors/fingerprint.json vector, its destination made the neutral DM: the daemon computes
@@ -338,7 +385,7 @@ def test_fingerprint_vector(api, broker, verdict, timing, vector):
     raw = neutral(vector)
     cmid = unique(vector["id"])
     body_key = vector["input"].get("idempotency_key")
-    expected = parse_send(raw, body_key).fingerprint().hex()
+    variants = _variants(raw, body_key)
     response = api.post("/v1/send", content=raw, headers={"Content-Type": "application/json",
                                                          "Idempotency-Key": cmid})
     requirements = requirements_of(vector)
@@ -350,11 +397,21 @@ def test_fingerprint_vector(api, broker, verdict, timing, vector):
     sent_key = json_object(response).get("client_message_id") or body_key or cmid
     seen, where = _seen_fingerprint(api, broker, response, sent_key, timing.settle_s())
     if seen is None:
-        verdict.blocked(requirements, "the daemon shows its fingerprint neither in its send frame nor in its 202")
+        verdict.blocked([*requirements, "FP-BODY-HASH-HEX"],
+                        "the daemon shows its fingerprint neither in its send frame nor in its 202")
+    about = f"{vector['id']} ({', '.join(vector['flags'])}): {where} shows {seen}"
+    if seen == variants["hex"]:
+        verdict.passed(*requirements, "FP-BODY-HASH-HEX")
+        return
+    if seen in (variants["HEX"], variants["raw"]):
+        form = "upper-case hex" if seen == variants["HEX"] else "the raw 32 digest bytes, not hex"
+        verdict.expect("FP-BODY-HASH-HEX", False, f"{about}: body_hash entered the preimage as {form}")
+        verdict.expect("FP-CANONICAL-FORM", seen == variants["HEX"],
+                       f"{about}: body_hash entered the preimage as {form} (§4.4: sha256(body bytes), hex)")
+        verdict.passed(*(r for r in requirements if r != "FP-CANONICAL-FORM"))  # the rest of the preimage agrees
+        return
     for requirement in requirements:
-        verdict.expect(requirement, seen == expected,
-                       f"{vector['id']} ({', '.join(vector['flags'])}): {where} shows {seen}, expected {expected} — "
-                       f"{vector['description']}")
+        verdict.expect(requirement, False, f"{about}, expected {variants['hex']} — {vector['description']}")
 
 
 DESTINATION_VECTORS = [v for v in VECTORS if "destination" in v["flags"]]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import subprocess
 import time
 
 import pytest
@@ -169,8 +170,9 @@ def test_dead_rows_are_announced(api, broker, mesh_target, verdict, timing):
         assert payload(dead[0]).get("conflict") == "request_fingerprint_mismatch", payload(dead[0])
 
 
-@case("outbox.requeue", "REQUEUE-ATOMIC", "REQUEUE-STATES", "REQUEUE-FRESH-ID", "REQUEUE-NEVER-FREES",
-      "ID-CONSUMED-NEVER-FREED", "API-OUTBOX", "FP-FROZEN")
+@case("outbox.requeue", "REQUEUE-ATOMIC", "REQUEUE-STATES", "REQUEUE-STATES-REFUSED", "REQUEUE-FRESH-ID",
+      "REQUEUE-NEW-ID-IN-USE", "REQUEUE-SAME-FINGERPRINT", "REQUEUE-NEVER-FREES", "ID-CONSUMED-NEVER-FREED",
+      "API-OUTBOX")
 def test_requeue_audit_trail(api, broker, verdict, timing):
     cmid = unique("requeue")
     broker.answer(cmid, reject(404, "destination_not_found"))
@@ -180,11 +182,9 @@ def test_requeue_audit_trail(api, broker, verdict, timing):
     fresh = unique("requeued")
     result = api.post("/v1/outbox/requeue", json={"id": dead.get("id"), "new_client_message_id": fresh})
     body = json_object(result)
-    verdict.require("REQUEUE-ATOMIC", result.status_code == 200,
+    verdict.require("REQUEUE-STATES", result.status_code == 200,
                     f"requeue of a dead row answered {result.status_code}: {result.text[:200]}")
     with verdict.check("REQUEUE-ATOMIC"):
-        assert body.get("aborted_row_id") == dead.get("id"), f"aborted_row_id {body.get('aborted_row_id')!r}"
-        assert body.get("new_client_message_id") == fresh, f"new_client_message_id {body.get('new_client_message_id')}"
         old = row_for(api, cmid) or {}
         assert old.get("status") == "aborted", f"the old row is {old.get('status')!r}, not aborted"
         assert old.get("aborted_at") and old.get("aborted_by") == "operator", \
@@ -193,23 +193,28 @@ def test_requeue_audit_trail(api, broker, verdict, timing):
             f"superseded_by {old.get('superseded_by')!r}, new_row_id {body.get('new_row_id')!r}"
         new = wait_row(api, fresh, "done", timeout=timing.settle_s())
         assert new.get("id") == body.get("new_row_id"), f"the successor row is {new.get('id')}"
+    with verdict.check("API-OUTBOX"):
+        assert body.get("aborted_row_id") == dead.get("id"), f"aborted_row_id {body.get('aborted_row_id')!r}"
+        assert body.get("new_client_message_id") == fresh, f"new_client_message_id {body.get('new_client_message_id')}"
+    verdict.expect("REQUEUE-FRESH-ID", row_for(api, fresh) is not None, "the caller's new id has no row")
     first, successor = broker.sends_of(cmid), broker.sends_of(fresh)
     if first and successor:
-        verdict.expect("FP-FROZEN", send_seen(first[0].frame).claimed == send_seen(successor[0].frame).claimed,
+        verdict.expect("REQUEUE-SAME-FINGERPRINT",
+                       send_seen(first[0].frame).claimed == send_seen(successor[0].frame).claimed,
                        "the successor was sent with another request_fingerprint than the requeued row")
     if "request_fingerprint" in dead:
-        verdict.expect("FP-FROZEN", (row_for(api, fresh) or {}).get("request_fingerprint")
+        verdict.expect("REQUEUE-SAME-FINGERPRINT", (row_for(api, fresh) or {}).get("request_fingerprint")
                        == dead["request_fingerprint"], "the successor row's request_fingerprint differs")
     for label, row_id in (("an aborted", dead.get("id")), ("a done", body.get("new_row_id"))):
         again = api.post("/v1/outbox/requeue", json={"id": row_id})
-        verdict.expect("REQUEUE-STATES", again.status_code == 409,
+        verdict.expect("REQUEUE-STATES-REFUSED", again.status_code == 409,
                        f"requeue of {label} row answered {again.status_code}: {again.text[:160]}")
     in_use = unique("in-use")
     broker.answer(in_use, reject(404, "destination_not_found"))
     send(api, in_use)
     victim = wait_row(api, in_use, "dead", timeout=timing.settle_s())
     taken = api.post("/v1/outbox/requeue", json={"id": victim.get("id"), "new_client_message_id": fresh})
-    with verdict.check("REQUEUE-FRESH-ID"):
+    with verdict.check("REQUEUE-NEW-ID-IN-USE"):
         assert taken.status_code == 409, f"a requeue onto a consumed id answered {taken.status_code}"
         assert json_object(taken).get("conflict") == "requeue_new_id_in_use", taken.text[:200]
         assert (row_for(api, in_use) or {}).get("status") == "dead", "the refused requeue changed the row"
@@ -226,7 +231,7 @@ def test_requeue_audit_trail(api, broker, verdict, timing):
         assert str(json_object(reused).get("conflict", "")).startswith("outbox_aborted"), reused.text[:200]
 
 
-@case("outbox.requeue_states", "REQUEUE-STATES")
+@case("outbox.requeue_states", "REQUEUE-STATES", "REQUEUE-STATES-REFUSED")
 def test_requeue_pending_and_inflight(api, broker, verdict, timing):
     """A pending row may be requeued (§4.6.1 D); an inflight one may not (E-09: it would race the broker)."""
     inflight = unique("requeue-inflight")
@@ -234,7 +239,7 @@ def test_requeue_pending_and_inflight(api, broker, verdict, timing):
     send(api, inflight)
     row = wait_row(api, inflight, "inflight", timeout=timing.settle_s())
     refused = api.post("/v1/outbox/requeue", json={"id": row.get("id")})
-    verdict.expect("REQUEUE-STATES", refused.status_code == 409,
+    verdict.expect("REQUEUE-STATES-REFUSED", refused.status_code == 409,
                    f"requeue of an inflight row answered {refused.status_code}: {refused.text[:160]}")
     pending = unique("requeue-pending")
     broker.answer(pending, *[fail()] * 8)
@@ -316,16 +321,18 @@ def _clocked(launcher, verdict, requirements: list[str]):
                                       "description), so its clock cannot be moved in a bounded run")
 
 
-MAX_AGES = [("retention_scoped_7", "retention_scoped", 7), ("retention_scoped_30", "retention_scoped", 30),
-            ("permanent", "permanent", None)]
+MAX_AGES = [("retention_scoped_3", "retention_scoped", 3), ("retention_scoped_7", "retention_scoped", 7),
+            ("retention_scoped_30", "retention_scoped", 30), ("permanent", "permanent", None)]
 
 
-@case("outbox.max_age", "OBX-MAX-AGE-DEAD", "MAXAGE-DERIVATION")
+@case("outbox.max_age", "OBX-MAX-AGE-DEAD", "MAXAGE-DERIVATION", "MAXAGE-INSIDE-WINDOW")
 @pytest.mark.parametrize(("name", "mode", "days"), MAX_AGES, ids=[m[0] for m in MAX_AGES])
 def test_max_age(launcher, verdict, name, mode, days):
     """A row retried through an outage: one hour before its derived max age (§4.9) it is still retried; one hour
     after, it is dead with last_error max_age_exceeded, and never sent again."""
-    requirements = ["OBX-MAX-AGE-DEAD", "MAXAGE-DERIVATION"]
+    # At 3 days the §4.9 formula gives the whole window; E-05 keeps it strictly inside (71 h).
+    derivation = "MAXAGE-INSIDE-WINDOW" if days == 3 else "MAXAGE-DERIVATION"
+    requirements = ["OBX-MAX-AGE-DEAD", derivation]
     _clocked(launcher, verdict, requirements)
     timing = launcher.timing
     config = PeerConfig(dialect=launcher.dialect)
@@ -351,7 +358,7 @@ def test_max_age(launcher, verdict, name, mode, days):
             statuses = watch_row(client, cmid, max(3.0, min(timing.retry_max_ms / 1000 * 1.3 + 1, 8.0)))
             derived = f"{hours} h for {mode}{'' if days is None else f', {days} days'}"
             if "dead" in statuses:
-                verdict.expect("MAXAGE-DERIVATION", False, f"the row died an hour before its max age ({derived})")
+                verdict.expect(derivation, False, f"the row died an hour before its max age ({derived})")
                 return
             sends_before = len(peer.sends_of(cmid))
             instance.set_clock((hours + 1) * 3600)
@@ -364,7 +371,31 @@ def test_max_age(launcher, verdict, name, mode, days):
                 return
             verdict.expect("OBX-MAX-AGE-DEAD", "max_age" in str(row.get("last_error")),
                            f"last_error {row.get('last_error')!r}, expected max_age_exceeded")
-            verdict.passed("MAXAGE-DERIVATION")
+            verdict.passed(derivation)
             time.sleep(1.0)
             verdict.expect("OBX-MAX-AGE-DEAD", len(peer.sends_of(cmid)) <= sends_before + 1,
                            "the row was still dispatched after its max age")
+
+
+@case("outbox.max_age_override", "MAXAGE-OVERRIDE", "LIFE-EXIT-CODES")
+def test_max_age_override_outside_the_window_refuses_to_start(launcher, verdict):
+    """[outbox] max_age_hours_override above the broker's window (W − 1 = 167 h for 7 days) refuses to start
+    (outbox_max_age_above_dedupe_window; exit 3, E-15)."""
+    reads_config = launcher.spec == "reference" or bool(
+        launcher.launched and launcher.launched.description.get("config_toml"))
+    if not reads_config:
+        verdict.blocked(["MAXAGE-OVERRIDE", "LIFE-EXIT-CODES"], "the target reads no config.toml (§13), so the "
+                                                                "override cannot be given to it")
+    config = HARNESS_CONFIG.replace("[outbox]\n", "[outbox]\nmax_age_hours_override = 200\n")
+    with ScriptedBroker(PeerConfig(dialect=launcher.dialect)) as peer:
+        instance = launcher.launch("max-age-override", config=config, broker=peer, wait=False)
+        try:
+            code = instance.wait_exit(timeout=launcher.timing.reconnect_wait_s + 20)
+        except subprocess.TimeoutExpired:
+            code = None
+            instance.kill9()
+    outcome = "was accepted" if code is None else f"exited {code}"
+    verdict.expect("MAXAGE-OVERRIDE", code not in (None, 0), f"an override of 200 h against a 7-day window {outcome}")
+    if code not in (None, 0):
+        verdict.expect("LIFE-EXIT-CODES", code == 3, f"a configuration the broker's window refutes exited {code}, "
+                                                     "E-15 says 3")

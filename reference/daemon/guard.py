@@ -9,7 +9,6 @@ mode is the gate, and unix-socket clients put arbitrary names in Host.
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import logging
 import threading
 import time
@@ -33,7 +32,8 @@ def transport_of(env: dict) -> str:
 
 
 def host_is_loopback(host: str | None) -> bool:
-    """True for an empty Host or a loopback name, with or without a port (``[::1]:8080`` included)."""
+    """True for an empty Host or one of the three names v3 §3.3 allows — ``localhost``, ``127.0.0.1``, ``[::1]`` —
+    with or without a port (``[::1]:8080`` included). Other loopback addresses (``127.0.0.2``) are not on the list."""
     if not host:
         return True
     host = host.strip().lower()
@@ -49,12 +49,7 @@ def host_is_loopback(host: str | None) -> bool:
         name, _, port = host.partition(":")
         if port and not port.isdigit():
             return False
-    if name in LOOPBACK_HOSTS:
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
+    return name in LOOPBACK_HOSTS
 
 
 class Guard:

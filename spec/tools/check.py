@@ -4,8 +4,10 @@ It validates, in order: the OpenAPI document; every JSON Schema against the 2020
 matches its path); every table against its table schema; decision-table totality and determinism (naming the rows);
 that the core knows every effect the outbox table names; every vector against its schema and against the core; the
 requirement registry (unique ids, existing tests, every MUST tested or listed in the coverage baseline, no stale
-baseline entry); that the OpenAPI error codes equal spec/tables/errors.yaml; and that CONFORMANCE.md and
-STATE_MACHINES.md are current. It prints one line of counts per area and exits 1 naming every problem.
+baseline entry; every `source: spec` requirement quoting the spec in `cite`, no cite on a meshspec decision; every
+black-box-checkable MUST checked by a conformance case or listed in the black-box baseline, no stale entry there);
+that the OpenAPI error codes equal spec/tables/errors.yaml; and that CONFORMANCE.md and STATE_MACHINES.md are
+current. It prints one line of counts per area and exits 1 naming every problem.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ TABLE_SCHEMAS = {
 }
 CATALOGUE_SCHEMA = "tables/catalogue"
 TEST_ID = re.compile(r"^(?P<path>tests/[A-Za-z0-9_/]+\.py)::(?P<name>[A-Za-z0-9_]+)$")
+# `v0.9.0 §4.5.1`, `v3 §3.3`, `v0.9.0 §4.5b, §4.6.1`: a round of the upstream series and sections of it.
+CITE_REF = re.compile(r"^v(?:0\.9\.0|[1-9]|10) §\d+(?:\.\d+)*[a-z]?(?:, §\d+(?:\.\d+)*[a-z]?)*$")
 
 
 @dataclass
@@ -189,13 +193,16 @@ def check_requirements(spec_dir: Path, repo_root: Path, report: Report) -> set[s
         report.problems.append(f"requirements.yaml: duplicate id {dup}")
     errata = set(re.findall(r"^## (E-\d{2})\b", (spec_dir / "ERRATA.md").read_text(encoding="utf-8"), re.M))
     baseline = load_baseline(spec_dir)
+    blackbox_baseline = load_blackbox_baseline(spec_dir)
     cases = functools.cache(_conformance_cases)
     untested_musts = []
+    awaiting_case = []
     linked = 0
     for req in requirements:
         source = str(req.get("source", ""))
         if source.startswith("errata:") and source.removeprefix("errata:") not in errata:
             report.problems.append(f"requirements.yaml: {req['id']} cites {source}, not in ERRATA.md")
+        report.problems.extend(f"requirements.yaml: {req.get('id')}: {p}" for p in _provenance_problems(req))
         existing = []
         for test_id in req.get("tests", []):
             if test_exists(test_id, repo_root, cases):
@@ -207,17 +214,74 @@ def check_requirements(spec_dir: Path, repo_root: Path, report: Report) -> set[s
             untested_musts.append(req["id"])
             if req["id"] not in baseline:
                 report.problems.append(f"requirements.yaml: MUST {req['id']} has no test")
+        if is_blackbox_must(req) and not any(t.startswith("conformance::") for t in existing):
+            awaiting_case.append(req["id"])
+            if req["id"] not in blackbox_baseline:
+                report.problems.append(
+                    f"requirements.yaml: black-box-checkable MUST {req['id']} has no conformance case "
+                    "(add one, or list it in blackbox_baseline.yaml)")
     for rid in sorted(set(baseline) - set(untested_musts)):
         if rid in ids:
             report.problems.append(f"coverage_baseline.yaml: {rid} now has a test; remove it from the baseline")
         else:
             report.problems.append(f"coverage_baseline.yaml: {rid} is not a requirement")
+    by_id = {r.get("id"): r for r in requirements}
+    for rid in sorted(set(blackbox_baseline) - set(awaiting_case)):
+        if rid not in by_id:
+            report.problems.append(f"blackbox_baseline.yaml: {rid} is not a requirement")
+        elif not is_blackbox_must(by_id[rid]):
+            report.problems.append(f"blackbox_baseline.yaml: {rid} is not a black-box-checkable MUST; remove it")
+        else:
+            report.problems.append(f"blackbox_baseline.yaml: {rid} now has a conformance case; remove it from the "
+                                   "baseline")
     levels = {lvl: sum(1 for r in requirements if r.get("level") == lvl) for lvl in ("MUST", "SHOULD", "MAY")}
     report.counts["requirements"] = (
         f"{len(requirements)} requirements ({levels['MUST']} MUST, {levels['SHOULD']} SHOULD, {levels['MAY']} MAY), "
         f"{linked} test links, {len(untested_musts)} MUSTs awaiting tests (coverage baseline)"
     )
+    report.counts["provenance"] = _provenance_counts(requirements, len(awaiting_case))
     return {i for i in ids if isinstance(i, str)}
+
+
+def is_blackbox_must(req: dict[str, Any]) -> bool:
+    """A MUST that a black-box harness can check (``blackbox: true``)."""
+    return req.get("level") == "MUST" and req.get("blackbox") is True
+
+
+def _provenance_problems(req: dict[str, Any]) -> list[str]:
+    """What is wrong with a requirement's source, cite, subject and blackbox (the schema says it too, by index)."""
+    found = []
+    source, cite = req.get("source"), req.get("cite")
+    if source == "spec" and not cite:
+        found.append("source spec needs a cite: the spec's sentence it rests on (else it is an erratum's or openapi)")
+    if cite and source != "spec":
+        found.append(f"only a spec requirement carries a cite (source is {source}; a decision is cited by its source)")
+    if isinstance(cite, dict) and not CITE_REF.match(str(cite.get("ref", ""))):
+        found.append(f"cite ref {cite.get('ref')!r} is not `v<round> §<section>[, §<section>]`")
+    if not req.get("subject"):
+        found.append("no subject (daemon, broker)")
+    blackbox = req.get("blackbox")
+    if blackbox is None:
+        found.append("no blackbox (true, or why a black-box harness cannot check it)")
+    elif blackbox is not True and not (isinstance(blackbox, str) and blackbox.strip()):
+        found.append(f"blackbox is {blackbox!r}: true, or the reason a black-box harness cannot check it")
+    return found
+
+
+def _provenance_counts(requirements: list[dict[str, Any]], awaiting_case: int) -> str:
+    sources = [str(r.get("source", "")) for r in requirements]
+    spec = sum(1 for s in sources if s == "spec")
+    errata = sum(1 for s in sources if s.startswith("errata:"))
+    openapi = sum(1 for s in sources if s == "openapi")
+    musts = [r for r in requirements if is_blackbox_must(r)]
+    daemon = sum(1 for r in musts if "daemon" in r.get("subject", ()))
+    broker = sum(1 for r in musts if "broker" in r.get("subject", ()))
+    opaque = sum(1 for r in requirements if isinstance(r.get("blackbox"), str))
+    return (
+        f"{spec} spec / {errata + openapi} profile ({errata} errata, {openapi} openapi); black-box-checkable MUSTs: "
+        f"{daemon} daemon, {broker} broker; {opaque} not black-box (with reasons); {awaiting_case} black-box MUSTs "
+        "awaiting a conformance case (blackbox baseline)"
+    )
 
 
 def load_baseline(spec_dir: Path) -> dict[str, str]:
@@ -227,6 +291,16 @@ def load_baseline(spec_dir: Path) -> dict[str, str]:
         return {}
     document = spec_pkg.load_yaml(path) or {}
     return {entry["id"]: entry.get("awaits", "") for entry in document.get("untested", [])}
+
+
+def load_blackbox_baseline(spec_dir: Path) -> dict[str, str]:
+    """The black-box baseline: black-box-checkable MUST ids allowed to have no conformance case yet, each with what
+    the case has to do."""
+    path = spec_dir / "blackbox_baseline.yaml"
+    if not path.exists():
+        return {}
+    document = spec_pkg.load_yaml(path) or {}
+    return {entry["id"]: entry.get("awaits", "") for entry in document.get("no_conformance_case", [])}
 
 
 def check_vectors(spec_dir: Path, report: Report) -> None:

@@ -1,15 +1,18 @@
 """Generate CONFORMANCE.md from spec/requirements.yaml (`meshd spec conformance-doc [--check]`).
 
-The document lists every requirement with its level, section, text and tests, and whether the reference
-implementation passes it, read from the last recorded reference run (``conformance/reference-results.json``, written
-by ``meshconform run --record-reference``). Hand-written text lives in ``spec/CONFORMANCE.intro.md`` and is copied in
-verbatim.
+The document lists every requirement with its level, section, subject, text, black-box checkability and tests, and
+whether the reference implementation passes it, read from the last recorded reference run
+(``conformance/reference-results.json``, written by ``meshconform run --record-reference``), in two tables: the
+spec's own requirements, each with the sentence it quotes, and meshspec's profile (the errata's decisions and the
+OpenAPI shapes), each with the erratum's id and title from spec/ERRATA.md. Hand-written text lives in
+``spec/CONFORMANCE.intro.md`` and is copied in verbatim.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -28,22 +31,63 @@ def _verdicts(repo_root: Path) -> dict[str, str]:
 
 
 def _cell(text: str) -> str:
-    return " ".join(text.split()).replace("|", "\\|")
+    """One table cell: one line, pipes escaped, and `<` outside code spans escaped so `<ts>` is not read as HTML."""
+    parts = " ".join(text.split()).replace("|", "\\|").split("`")
+    return "`".join(part if n % 2 else part.replace("<", "&lt;") for n, part in enumerate(parts))
+
+
+def errata_titles(spec_dir: Path) -> dict[str, str]:
+    """``E-nn`` -> its title, from the ``## E-nn — title`` headings of spec/ERRATA.md."""
+    text = (spec_dir / "ERRATA.md").read_text(encoding="utf-8")
+    return {m["id"]: m["title"].strip() for m in re.finditer(r"^## (?P<id>E-\d{2}) — (?P<title>.+)$", text, re.M)}
+
+
+def _baseline(spec_dir: Path, name: str, key: str) -> dict[str, str]:
+    path = spec_dir / name
+    if not path.exists():
+        return {}
+    return {e["id"]: e.get("awaits", "") for e in (spec_pkg.load_yaml(path) or {}).get(key, [])}
 
 
 def render(spec_dir: Path = spec_pkg.SPEC_DIR, repo_root: Path | None = None) -> str:
     """The whole CONFORMANCE.md text."""
     repo_root = repo_root or spec_dir.parent
     registry: dict[str, Any] = spec_pkg.load_yaml(spec_dir / "requirements.yaml")
-    baseline_path = spec_dir / "coverage_baseline.yaml"
-    baseline = {}
-    if baseline_path.exists():
-        baseline = {e["id"]: e.get("awaits", "") for e in (spec_pkg.load_yaml(baseline_path) or {}).get("untested", [])}
+    baseline = _baseline(spec_dir, "coverage_baseline.yaml", "untested")
+    no_case = _baseline(spec_dir, "blackbox_baseline.yaml", "no_conformance_case")
+    titles = errata_titles(spec_dir)
     verdicts = _verdicts(repo_root)
     intro_path = spec_dir / "CONFORMANCE.intro.md"
     intro = intro_path.read_text(encoding="utf-8").rstrip() + "\n\n" if intro_path.exists() else ""
     requirements = registry["requirements"]
+    spec_reqs = [r for r in requirements if r["source"] == "spec"]
+    profile_reqs = [r for r in requirements if r["source"] != "spec"]
     levels = {lvl: sum(1 for r in requirements if r["level"] == lvl) for lvl in ("MUST", "SHOULD", "MAY")}
+    opaque = sum(1 for r in requirements if isinstance(r.get("blackbox"), str))
+
+    def common(req: dict[str, Any]) -> tuple[str, str, str]:
+        tests = "<br>".join(f"`{t}`" for t in req["tests"])
+        if not tests:
+            tests = f"*awaiting tests ({_cell(baseline[req['id']])})*" if req["id"] in baseline else "—"
+        verdict = verdicts.get(req["id"], "not yet run")
+        if verdict == "not_checked":
+            verdict = "checked by repository tests" if req["tests"] else "not checked"
+        if isinstance(req.get("blackbox"), str):
+            blackbox = f"no: {_cell(req['blackbox'])}"
+        elif req.get("blackbox") is not True:
+            blackbox = "—"  # a broken registry: `meshd spec check` names it
+        elif req["id"] in no_case:
+            blackbox = "yes (no conformance case yet)"
+        else:
+            blackbox = "yes"
+        return blackbox, tests, verdict
+
+    def decided_by(req: dict[str, Any]) -> str:
+        if req["source"] == "openapi":
+            return "OpenAPI shape (`spec/openapi.yaml`)"
+        erratum = req["source"].removeprefix("errata:")
+        return f"{erratum} — {_cell(titles.get(erratum, '(no such erratum)'))}"
+
     lines = [
         GENERATED_NOTE,
         "",
@@ -53,24 +97,44 @@ def render(spec_dir: Path = spec_pkg.SPEC_DIR, repo_root: Path | None = None) ->
         "",
         "## Requirements",
         "",
-        f"{len(requirements)} requirements: {levels['MUST']} MUST, {levels['SHOULD']} SHOULD, {levels['MAY']} MAY. "
-        "The *Reference* column is the verdict of the last recorded conformance run against the reference "
-        "implementation; *tests* names the repository tests (`tests/…`) and conformance cases (`conformance::…`) "
-        "that check each requirement.",
+        f"{len(requirements)} requirements: {levels['MUST']} MUST, {levels['SHOULD']} SHOULD, {levels['MAY']} MAY; "
+        f"{len(spec_reqs)} are the spec's own, {len(profile_reqs)} are meshspec's profile; {opaque} cannot be "
+        "checked black-box. The *Reference* column is the verdict of the last recorded conformance run against the "
+        "reference implementation; *Tests* names the repository tests (`tests/…`) and conformance cases "
+        "(`conformance::…`) that check each requirement; *Black-box* says whether a harness that only starts, kills "
+        "and restarts an implementation, talks to its documented interfaces and offsets its clock can check it, and "
+        "if not, why.",
         "",
-        "| ID | Level | § | Requirement | Tests | Reference |",
-        "|---|---|---|---|---|---|",
+        f"### The spec's requirements ({len(spec_reqs)})",
+        "",
+        "What the v0.9.0 spec itself says, each with the sentence it rests on, quoted from the round its section "
+        "resolves to (a section v0.9.0 calls unchanged is quoted where it was written). An implementation that fails "
+        "one of these breaks the spec.",
+        "",
+        "| ID | Level | § | Subject | Requirement | The spec says | Black-box | Tests | Reference |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for req in requirements:
-        tests = "<br>".join(f"`{t}`" for t in req["tests"])
-        if not tests:
-            tests = f"*awaiting tests ({baseline[req['id']]})*" if req["id"] in baseline else "—"
-        verdict = verdicts.get(req["id"], "not yet run")
-        if verdict == "not_checked":
-            verdict = "checked by repository tests" if req["tests"] else "not checked"
-        source = "" if req["source"] == "spec" else f" ({req['source'].removeprefix('errata:')})"
-        where = f"{req['section']}{source}"
-        lines.append(f"| `{req['id']}` | {req['level']} | {where} | {_cell(req['text'])} | {tests} | {verdict} |")
+    for req in spec_reqs:
+        blackbox, tests, verdict = common(req)
+        quoted = req.get("cite") or {}
+        cite = f"**{quoted.get('ref', '—')}**: “{_cell(str(quoted.get('text', '')))}”"
+        lines.append(f"| `{req['id']}` | {req['level']} | {req['section']} | {', '.join(req.get('subject', []))} | "
+                     f"{_cell(req['text'])} | {cite} | {blackbox} | {tests} | {verdict} |")
+    lines += [
+        "",
+        f"### meshspec's profile ({len(profile_reqs)})",
+        "",
+        "What meshspec decided where the spec is silent or contradicts itself (`spec/ERRATA.md`), and the request "
+        "and response shapes only `spec/openapi.yaml` pins. An implementation that fails one of these departs from "
+        "meshspec's profile, not from the spec.",
+        "",
+        "| ID | Level | § | Subject | Requirement | Decided by | Black-box | Tests | Reference |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for req in profile_reqs:
+        blackbox, tests, verdict = common(req)
+        lines.append(f"| `{req['id']}` | {req['level']} | {req['section']} | {', '.join(req.get('subject', []))} | "
+                     f"{_cell(req['text'])} | {decided_by(req)} | {blackbox} | {tests} | {verdict} |")
     return "\n".join(lines).replace("\n\n\n", "\n\n") + "\n"
 
 

@@ -242,8 +242,9 @@ def test_bearer_is_compared_in_constant_time(monkeypatch):
 
 @pytest.mark.parametrize(("host", "ok"), [
     (None, True), ("", True), ("localhost", True), ("LOCALHOST:8080", True), ("127.0.0.1:1", True),
-    ("[::1]:47823", True), ("[::1]", True), ("127.5.5.5", True), ("evil.example", False), ("localhost.evil", False),
-    ("[::1]x", False), ("localhost:abc", False), ("[::1", False), ("10.0.0.1", False),
+    ("[::1]:47823", True), ("[::1]", True), ("127.5.5.5", False), ("127.0.0.2", False), ("[::ffff:127.0.0.1]", False),
+    ("0.0.0.0", False), ("evil.example", False), ("localhost.evil", False), ("[::1]x", False), ("localhost:abc", False),
+    ("[::1", False), ("10.0.0.1", False),
 ])
 def test_host_header_rule(host, ok):
     assert guard.host_is_loopback(host) is ok

@@ -42,8 +42,9 @@ def test_real_spec_passes(capsys):
     assert meshd(["spec", "check"]) == 0
     out = capsys.readouterr().out
     assert "spec check: OK" in out
-    for area in ("openapi", "schemas", "tables", "vectors", "requirements"):
+    for area in ("openapi", "schemas", "tables", "vectors", "requirements", "provenance"):
         assert f"{area}:" in out
+    assert " spec / " in out and "not black-box (with reasons)" in out
 
 
 def test_copied_tree_passes(tree):
@@ -142,6 +143,82 @@ def test_stale_conformance_doc_is_named(tree):
 def test_unknown_errata_reference_is_named(tree):
     edit_yaml(tree / "requirements.yaml", lambda d: d["requirements"][0].__setitem__("source", "errata:E-99"))
     assert any("cites errata:E-99" in p for p in run(tree).problems)
+
+
+def requirement(document, rid):
+    return next(r for r in document["requirements"] if r["id"] == rid)
+
+
+def edit_requirement(tree: Path, rid: str, change) -> None:
+    edit_yaml(tree / "requirements.yaml", lambda d: change(requirement(d, rid)))
+
+
+def edit_blackbox_baseline(tree: Path, change) -> None:
+    edit_yaml(tree / "blackbox_baseline.yaml", lambda d: d.__setitem__("no_conformance_case",
+                                                                        change(d["no_conformance_case"])))
+
+
+def test_spec_requirement_without_cite_is_named(tree):
+    edit_requirement(tree, "FP-PREFIX-409", lambda r: r.pop("cite"))
+    assert any(p.startswith("requirements.yaml: FP-PREFIX-409: source spec needs a cite") for p in run(tree).problems)
+
+
+def test_cite_on_a_meshspec_decision_is_named(tree):
+    edit_requirement(tree, "FP-PREFIX-409-WHICH",
+                     lambda r: r.__setitem__("cite", {"ref": "v0.9.0 §4.5.1", "text": "Every `409` carries ..."}))
+    problems = run(tree).problems
+    assert any(p.startswith("requirements.yaml: FP-PREFIX-409-WHICH: only a spec requirement carries a cite")
+               for p in problems), problems
+
+
+def test_malformed_cite_ref_is_named(tree):
+    edit_requirement(tree, "FP-PREFIX-409", lambda r: r["cite"].__setitem__("ref", "§4.5.1 of the spec"))
+    assert any("FP-PREFIX-409: cite ref '§4.5.1 of the spec' is not" in p for p in run(tree).problems)
+
+
+def test_missing_subject_is_named(tree):
+    edit_requirement(tree, "FP-JCS", lambda r: r.pop("subject"))
+    assert "requirements.yaml: FP-JCS: no subject (daemon, broker)" in run(tree).problems
+
+
+def test_missing_or_false_blackbox_is_named(tree):
+    edit_requirement(tree, "FP-JCS", lambda r: r.pop("blackbox"))
+    edit_requirement(tree, "FP-DEFAULTS", lambda r: r.__setitem__("blackbox", False))
+    problems = run(tree).problems
+    assert any(p.startswith("requirements.yaml: FP-JCS: no blackbox") for p in problems), problems
+    assert any(p.startswith("requirements.yaml: FP-DEFAULTS: blackbox is False") for p in problems), problems
+
+
+def test_blackbox_must_without_case_and_off_the_baseline_is_named(tree):
+    edit_blackbox_baseline(tree, lambda entries: [e for e in entries if e["id"] != "LIMIT-INFLIGHT"])
+    problems = run(tree).problems
+    assert any(p.startswith("requirements.yaml: black-box-checkable MUST LIMIT-INFLIGHT has no conformance case")
+               for p in problems), problems
+
+
+def test_requirement_made_blackbox_without_a_case_is_named(tree):
+    edit_requirement(tree, "IPC-DURABLE-BEFORE-RESPONSE", lambda r: r.__setitem__("blackbox", True))
+    problems = run(tree).problems
+    assert any("black-box-checkable MUST IPC-DURABLE-BEFORE-RESPONSE has no conformance case" in p for p in problems)
+
+
+def test_blackbox_baseline_entry_that_gained_a_case_is_named(tree):
+    edit_requirement(tree, "LIMIT-INFLIGHT", lambda r: r["tests"].append("conformance::transport.limits"))
+    problems = run(tree).problems
+    assert ("blackbox_baseline.yaml: LIMIT-INFLIGHT now has a conformance case; remove it from the baseline"
+            in problems), problems
+
+
+def test_blackbox_baseline_entry_that_is_no_blackbox_must_is_named(tree):
+    edit_requirement(tree, "LIFE-SINGLETON", lambda r: r.__setitem__(
+        "blackbox", "a reason given by the test, so that the baseline entry goes stale"))
+    assert ("blackbox_baseline.yaml: LIFE-SINGLETON is not a black-box-checkable MUST; remove it"
+            in run(tree).problems)
+
+
+def test_blackbox_baseline_entry_naming_no_requirement_is_named(tree):
+    edit_blackbox_baseline(tree, lambda entries: [*entries, {"id": "NO-SUCH-REQ", "awaits": "nothing"}])
+    assert "blackbox_baseline.yaml: NO-SUCH-REQ is not a requirement" in run(tree).problems
 
 
 def test_error_codes_must_match_openapi(tree):
