@@ -101,7 +101,7 @@ def _conflict_mutates_row():
 
 
 @mutant("done-match-202", "a retry of a delivered send is answered 202 queued instead of 200 done with its ids",
-        kills=("IPC-DONE-MATCH",), select=("ipc.lookup.row",), seam="outbox_store", est_s=25)
+        kills=("IPC-DONE-MATCH", "IPC-DONE-MATCH-BODY"), select=("ipc.lookup.row",), seam="outbox_store", est_s=25)
 def _done_match_202():
     def change(store, item, decision):
         if decision.table_row == "IPC-DONE-MATCH":
@@ -125,7 +125,7 @@ def _dead_match_no_reason():
 
 @mutant("conflict-prefix-of-stored-row",
         "a 409's daemon_fingerprint_prefix is the stored row's fingerprint, not the one computed for this request "
-        "(E-26)", kills=("FP-PREFIX-409",), select=("ipc.lookup.row",), seam="outbox_store", est_s=25)
+        "(E-26)", kills=("FP-PREFIX-409-WHICH",), select=("ipc.lookup.row",), seam="outbox_store", est_s=25)
 def _conflict_prefix_of_stored_row():
     def change(store, item, decision):
         if decision.is_conflict and decision.row_state != "none":
@@ -320,7 +320,8 @@ def _preimage(request, meta: bytes | None = None, body_digest: bytes | None = No
 
 @mutant("fingerprint-raw-digest",
         "the preimage ends with the body's raw 32-byte sha256 digest instead of its lowercase hex",
-        kills=("FP-CANONICAL-FORM",), select=("ipc.fingerprint.vectors",), seam="parse_send", est_s=15)
+        kills=("FP-CANONICAL-FORM", "FP-BODY-HASH-HEX"), select=("ipc.fingerprint.vectors",), seam="parse_send",
+        est_s=15)
 def _fingerprint_raw_digest():
     from reference.core import parse_send
 
@@ -360,7 +361,7 @@ def _priority_default_now():
 
 
 @mutant("minted-uuid", "a send without an id gets a UUIDv4 instead of a ULID (as do its outbox row ids)",
-        kills=("IPC-ID-MINTED-ULID",), select=("ipc.id.minted",), seam="create_app")
+        kills=("IPC-ID-MINTED-ULID", "IPC-ID-MINTED-FORM"), select=("ipc.id.minted",), seam="create_app")
 def _minted_uuid():
     from reference.daemon.app import create_app
 

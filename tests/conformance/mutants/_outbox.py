@@ -160,7 +160,7 @@ def _no_max_age():
 
 @mutant("max-age-without-margin",
         "in retention_scoped mode the max age is the whole dedupe window (days·24 h), without E-05's safety margin",
-        kills=("MAXAGE-DERIVATION",), select=("outbox.max_age",), seam="broker_link", est_s=45)
+        kills=("MAXAGE-DERIVATION", "MAXAGE-INSIDE-WINDOW"), select=("outbox.max_age",), seam="broker_link", est_s=45)
 def _max_age_without_margin():
     from reference.daemon.link import BrokerLink
 
@@ -208,7 +208,7 @@ def _recovery_first_row_only():
 
 
 @mutant("recovery-increments-attempts", "crash recovery counts an attempt: each recovered row's attempts grows by one",
-        kills=("REC-INFLIGHT-TO-PENDING",), select=("recovery.kill9_inflight",), seam="outbox_store", est_s=45)
+        kills=("REC-ATTEMPTS-UNCHANGED",), select=("recovery.kill9_inflight",), seam="outbox_store", est_s=45)
 def _recovery_increments_attempts():
     from reference.daemon.store import OutboxStore
 
@@ -245,7 +245,7 @@ def _requeue_frees_id():
 
 
 @mutant("requeue-done-allowed", "a done row can be requeued (it is aborted and sent again under a new id)",
-        kills=("REQUEUE-STATES",), select=("outbox.requeue",), seam="outbox_store", est_s=20)
+        kills=("REQUEUE-STATES-REFUSED",), select=("outbox.requeue",), seam="outbox_store", est_s=20)
 def _requeue_done_allowed():
     from reference.core import apply
     from reference.core.outbox import replace as replace_row
@@ -316,7 +316,7 @@ def _retention_floor_ignored():
 
 
 @mutant("integer-param-as-string-accepted", "dedupe_retention_days sent as a string of digits (\"7\") is accepted",
-        kills=("NEG-PARAM-VALIDATION", "NEG-CLOSE-4010"), select=("negotiation.refused",), seam="broker_link",
+        kills=("NEG-PARAM-KINDS", "NEG-CLOSE-4010"), select=("negotiation.refused",), seam="broker_link",
         est_s=60)
 def _integer_param_as_string_accepted():
     def change(response):
@@ -331,8 +331,7 @@ def _integer_param_as_string_accepted():
 
 @mutant("required-bit-missing-accepted",
         "a required bit other than client_message_id_dedupe that the broker lacks is treated as optional",
-        kills=("NEG-PARAM-VALIDATION", "NEG-CLOSE-4010"), select=("negotiation.refused",), seam="broker_link",
-        est_s=60)
+        kills=("NEG-CLOSE-4010",), select=("negotiation.refused",), seam="broker_link", est_s=60)
 def _required_bit_missing_accepted():
     def change(response):
         supported = response.setdefault("supported", {})
@@ -370,7 +369,7 @@ ASSUMED = {  # what a daemon that never asks assumes the broker grants
 
 @mutant("negotiation-skipped",
         "no feature_negotiation_request is ever sent: after hello_ack the daemon assumes the broker grants what it "
-        "requires and starts sending", kills=("NEG-ORDER", "NEG-CLOSE-4010", "NEG-PARAM-VALIDATION"),
+        "requires and starts sending", kills=("NEG-ORDER", "NEG-CLOSE-4010"),
         select=("negotiation.order", "negotiation.refused"), seam="broker_link", est_s=90)
 def _negotiation_skipped():
     import copy

@@ -99,7 +99,7 @@ def _host_suffix_match():
 
 
 @mutant("ipv6-loopback-port-refused", "Host [::1] with a port ([::1]:PORT) is refused 403 forbidden_host",
-        kills=("AUTH-HOST",), select=("transport.auth",), seam="create_app")
+        kills=("AUTH-HOST-TCP-ONLY",), select=("transport.auth",), seam="create_app")
 def _ipv6_loopback_port_refused():
     bracketed_port = re.compile(r"\s*\[::1\]:\d+\s*")
 
@@ -134,7 +134,7 @@ def _origin_null_accepted():
 
 
 @mutant("origin-allowed-on-unix", "an Origin header is refused over TCP only; over the unix socket it is served",
-        kills=("AUTH-ORIGIN",), select=("transport.auth",), seam="create_app")
+        kills=("AUTH-ORIGIN-BOTH",), select=("transport.unix_refusals",), seam="create_app")
 def _origin_allowed_on_unix():
     return _drop_origin(lambda environ: not _tcp(environ))
 
@@ -152,7 +152,7 @@ def _ignore_query_names(names):
 
 
 @mutant("query-token-accepted", "a token in the query string is not refused (token, access_token, local_token)",
-        kills=("AUTH-TOKEN-QUERY",), select=("transport.auth",), seam="create_app")
+        kills=("AUTH-TOKEN-QUERY", "AUTH-TOKEN-QUERY-BOTH"), select=("transport.auth",), seam="create_app")
 def _query_token_accepted():
     from reference.daemon.guard import QUERY_TOKEN_NAMES
 
@@ -160,7 +160,7 @@ def _query_token_accepted():
 
 
 @mutant("query-access-token-accepted", "only ?token= is refused; ?access_token= and ?local_token= are not",
-        kills=("AUTH-TOKEN-QUERY",), select=("transport.auth",), seam="create_app")
+        kills=("AUTH-TOKEN-QUERY-BOTH",), select=("transport.auth",), seam="create_app")
 def _query_access_token_accepted():
     from reference.daemon.guard import QUERY_TOKEN_NAMES
 
@@ -199,7 +199,7 @@ def _no_body_limit():
 
 
 @mutant("body-limit-exact-refused", "a send body of exactly ipc.max_body_bytes is refused 413 (>= instead of >)",
-        kills=("LIMIT-BODY",), select=("transport.limits",), seam="create_app")
+        kills=("LIMIT-BODY-ROUTES",), select=("transport.limits",), seam="create_app")
 def _body_limit_exact_refused():
     return _with_config("ipc", "max_body_bytes", lambda limit: int(limit) - 1)
 
@@ -211,9 +211,7 @@ def _body_limit_plus_one_accepted():
 
 
 @mutant("no-inflight-cap", "requests beyond ipc.max_inflight are served: no 429 daemon_busy",
-        kills=("LIMIT-INFLIGHT",), select=("limits.inflight",), seam="create_app",
-        known_gap="no conformance case checks LIMIT-INFLIGHT yet: it awaits limits.inflight (max_inflight + 1 "
-        "requests held in flight, one answered 429 daemon_busy), being added on main")
+        kills=("LIMIT-INFLIGHT",), select=("limits.inflight",), seam="create_app", est_s=20)
 def _no_inflight_cap():
     return _with_config("ipc", "max_inflight", lambda cap: 10**9)
 
