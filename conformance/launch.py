@@ -154,13 +154,16 @@ class Launched:
             self.wait_ready()
         return self
 
-    def read_description(self) -> None:
-        """Load ``{target_file}`` when the implementation wrote one; a malformed one is a launch error."""
+    def read_description(self, final: bool = False) -> None:
+        """Load ``{target_file}`` when the implementation wrote one. While it starts the file may be half written;
+        once it answers (``final``) a file that is not a target description is a launch error."""
         if not self.target_file.exists():
             return
         try:
             document = json.loads(self.target_file.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
+            if not final:
+                return
             raise LaunchError(f"{self.target_file}: not JSON: {exc}") from exc
         errors = [e.message for e in validator("harness/target").iter_errors(document)]
         if errors:
@@ -177,6 +180,7 @@ class Launched:
                 try:
                     with self.unix(timeout=2.0) as client:
                         if client.get("/v1/health").status_code < 500:
+                            self.read_description(final=True)
                             return
                 except httpx.HTTPError:
                     pass

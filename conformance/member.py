@@ -17,8 +17,7 @@ import websocket
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from reference.core import parse_destination
-from reference.core.fingerprint import FingerprintInput, request_fingerprint
+from reference.core import FingerprintInput, parse_destination, request_fingerprint
 
 REQUIRE = ["client_message_id_dedupe", "concurrent_connection_policy"]
 OPTIONAL = ["member_keypair_rotated_event", "key_epoch", "max_payload"]

@@ -377,6 +377,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
     excinfo = call.excinfo
     if report.when == "setup" and report.skipped:
         node.outcome, node.detail = "skipped", _skip_reason(report)
+        node.checks = _attribute(declared, recorder, node)
         return
     if report.when == "call" or (report.when == "setup" and report.failed):
         exc = excinfo.value if excinfo is not None else None

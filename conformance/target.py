@@ -37,6 +37,13 @@ HARNESS_CONFIG = """
 retry_base_ms = 100
 retry_max_ms = 500
 ack_timeout_s = 3.0
+[reconnect]
+initial_ms = 100
+max_ms = 800
+[ipc]
+keepalive_s = 2.0
+[broker]
+request_timeout_s = 2.0
 [daemon]
 drain_timeout_s = 2.0
 """
@@ -73,7 +80,24 @@ class Target:
     def peer_config(self) -> PeerConfig:
         return PeerConfig(dialect=self.dialect)
 
+    @property
+    def is_reference(self) -> bool:
+        """The harness launched the reference itself (no --launch template of the user's)."""
+        return self.spec == "reference"
+
+    @property
+    def reads_config(self) -> bool:
+        """The target reads the config.toml the harness writes (the reference does; others say so)."""
+        return self.is_reference or bool(self.launched and self.launched.description.get("config_toml"))
+
+    @property
+    def clock_hook(self) -> bool:
+        """The target honours the clock hook ({clock_file}) (the reference does; others say so)."""
+        return self.is_reference or bool(self.launched and self.launched.description.get("clock_hook"))
+
     def start(self) -> Target:
+        if self.template is not None and self.spec == "reference":
+            self.spec = "launch"  # a --launch template of the user's: not the reference, whatever --target says
         host, _, port = self.broker_listen.rpartition(":")
         self.broker = ScriptedBroker(self.peer_config(), host=host or "127.0.0.1", port=int(port or 0))
         self.broker.start()
@@ -107,10 +131,8 @@ class Target:
         """Timing from --timing, else the target's description, else the config.toml the harness wrote when the
         target reads it (the reference does), else the meshspec defaults — the report names the source."""
         declared = self.launched.description.get("timing") if self.launched is not None else None
-        reads_config = self.spec == "reference" or (
-            self.launched is not None and self.launched.description.get("config_toml", False))
         timing = timing_mod.Timing()
-        if reads_config:
+        if self.reads_config:
             timing = timing.with_values(timing_mod.from_config_toml(HARNESS_CONFIG),
                                         "the config.toml the harness wrote (the target reads it)")
         if declared:

@@ -34,6 +34,7 @@ class Timing:
     reconnect_multiplier: float = 2.0
     reconnect_jitter: float = 0.25
     hello_timeout_s: float = 5.0
+    keepalive_s: float = 15.0
     source: str = "meshspec defaults (E-14, E-35): the target declared no timing"
 
     def retry_delay_ms(self, failures: int) -> float:
@@ -76,12 +77,12 @@ class Timing:
 def from_config_toml(text: str) -> dict[str, float]:
     """The timing a meshspec ``config.toml`` sets (the keys of the reference daemon's configuration)."""
     document = tomllib.loads(text)
-    outbox, reconnect, broker = (document.get(k, {}) for k in ("outbox", "reconnect", "broker"))
+    outbox, reconnect, broker, ipc = (document.get(k, {}) for k in ("outbox", "reconnect", "broker", "ipc"))
     mapping = {"retry_base_ms": outbox.get("retry_base_ms"), "retry_max_ms": outbox.get("retry_max_ms"),
                "retry_jitter": outbox.get("retry_jitter"), "ack_timeout_s": outbox.get("ack_timeout_s"),
                "reconnect_initial_ms": reconnect.get("initial_ms"), "reconnect_max_ms": reconnect.get("max_ms"),
                "reconnect_multiplier": reconnect.get("multiplier"), "reconnect_jitter": reconnect.get("jitter"),
-               "hello_timeout_s": broker.get("hello_timeout_s")}
+               "hello_timeout_s": broker.get("hello_timeout_s"), "keepalive_s": ipc.get("keepalive_s")}
     return {k: float(v) for k, v in mapping.items() if v is not None}
 
 

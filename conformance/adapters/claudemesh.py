@@ -90,8 +90,11 @@ def prepare(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
                   "local_token": str(daemon_dir / "local-token")},
         "timing": TIMING, "clock_hook": bool(args.clock_file), "config_toml": False, "hooks": False,
     }
-    if args.target_file:
-        Path(args.target_file).write_text(json.dumps(description, indent=2), encoding="utf-8")
+    if args.target_file:  # written whole, then renamed: the harness never reads half a description
+        target = Path(args.target_file)
+        partial = target.with_name(target.name + ".partial")
+        partial.write_text(json.dumps(description, indent=2), encoding="utf-8")
+        os.replace(partial, target)
     node = args.node or os.environ.get("MESHCONFORM_NODE") or shutil.which("node") or "node"
     command = [node, str(cli), "daemon", "up"]
     if version >= (1, 22):

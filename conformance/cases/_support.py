@@ -134,40 +134,6 @@ def wait_inbound(api: Any, broker: Any, cmid: str, timeout: float = 15.0) -> str
                          f"{timeout:g} s")
 
 
-def read_events(client: httpx.Client, headers: dict[str, str], until, timeout: float = 10.0) -> list[dict]:
-    """Read SSE events (dicts with id, event, data, json) until ``until(events)`` is true or ``timeout`` passes
-    (a stream of keepalives cannot hold it open longer)."""
-    events: list[dict] = []
-    current: dict[str, str] = {}
-    deadline = time.monotonic() + timeout
-    with client.stream("GET", "/v1/events", headers=headers, timeout=min(timeout, 10.0)) as response:
-        assert response.status_code == 200, f"GET /v1/events answered {response.status_code}"
-        try:
-            for line in response.iter_lines():
-                if time.monotonic() > deadline:
-                    break
-                if line.startswith(":"):
-                    continue
-                if not line:
-                    if "event" in current or "data" in current:
-                        try:
-                            current["json"] = json.loads(current.get("data", "null"))
-                        except ValueError:
-                            current["json"] = None
-                        current.setdefault("event", "message")
-                        events.append(current)
-                        if until(events):
-                            return events
-                    current = {}
-                    continue
-                key, _, value = line.partition(":")
-                value = value[1:] if value.startswith(" ") else value
-                current[key] = current[key] + "\n" + value if key == "data" and key in current else value
-        except httpx.ReadTimeout:
-            pass
-    return events
-
-
 def payload(event: dict) -> dict:
     data = event.get("json")
     return data if isinstance(data, dict) else {}
@@ -251,64 +217,106 @@ def parse_responses(data: bytes) -> list[tuple[int, dict[str, str], bytes]]:
 
 
 class EventStream:
-    """GET /v1/events read on a background thread: live events (and replayed ones) collect in ``events``.
+    """GET /v1/events read on a background thread over a raw connection: events collect in ``events``, comment
+    lines (keepalives) in ``comments``.
 
-    For daemons without replay a case opens the stream before it causes the events it waits for. The stream owns
-    ``client`` (give it a client of its own): ``close`` closes it, which ends a read that is still waiting.
-    Everything is bounded by ``limit_s``.
+    For daemons without replay a case opens the stream before it causes the events it waits for. ``close`` shuts the
+    socket down, which ends a read that is still waiting at once. Everything is bounded by ``limit_s``.
     """
 
-    def __init__(self, client: httpx.Client, headers: dict[str, str] | None = None, limit_s: float = 60.0):
-        self.client = client
-        self.headers = headers or {}
+    def __init__(self, target: Any, headers: dict[str, str] | None = None, limit_s: float = 60.0,
+                 transport: str | None = None):
+        self.sock, base = target.raw_connection(transport or target.transports[0], timeout=limit_s)
+        self.request = http_request("GET", "/v1/events", {**base, "Accept": "text/event-stream", **(headers or {})})
         self.events: list[dict] = []
         self.comments: list[tuple[float, str]] = []
         self.status: int | None = None
         self.error: str | None = None
         self._opened = threading.Event()
         self._cond = threading.Condition()
-        self._response: httpx.Response | None = None
         self._deadline = time.monotonic() + limit_s
         self._thread = threading.Thread(target=self._run, daemon=True, name="sse-reader")
         self._thread.start()
 
+    def _recv(self) -> bytes:
+        if time.monotonic() > self._deadline:
+            return b""
+        return self.sock.recv(65536)
+
     def _run(self) -> None:
-        current: dict[str, str] = {}
         try:
-            with self.client.stream("GET", "/v1/events", headers=self.headers, timeout=httpx.Timeout(5.0, read=20.0)
-                                    ) as response:
-                self._response = response
-                self.status = response.status_code
-                self._opened.set()
-                if response.status_code != 200:
+            self.sock.sendall(self.request)
+            buffer = b""
+            while b"\r\n\r\n" not in buffer:
+                chunk = self._recv()
+                if not chunk:
                     return
-                for line in response.iter_lines():
-                    if time.monotonic() > self._deadline:
-                        return
-                    if line.startswith(":"):
-                        self.comments.append((time.monotonic(), line))
-                        continue
-                    if not line:
-                        if "event" in current or "data" in current:
-                            try:
-                                current["json"] = json.loads(current.get("data", "null"))
-                            except ValueError:
-                                current["json"] = None
-                            current.setdefault("event", "message")
-                            with self._cond:
-                                self.events.append(current)
-                                self._cond.notify_all()
-                        current = {}
-                        continue
-                    key, _, value = line.partition(":")
-                    value = value[1:] if value.startswith(" ") else value
-                    current[key] = current[key] + "\n" + value if key == "data" and key in current else value
-        except (httpx.HTTPError, OSError, RuntimeError) as exc:
+                buffer += chunk
+            head, _, rest = buffer.partition(b"\r\n\r\n")
+            lines = head.decode("latin-1").split("\r\n")
+            self.status = int(lines[0].split(" ", 2)[1])
+            headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+            self._opened.set()
+            if self.status != 200:
+                return
+            chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+            self._body(rest, chunked)
+        except (OSError, ValueError, IndexError) as exc:
             self.error = f"{type(exc).__name__}: {exc}"
         finally:
             self._opened.set()
             with self._cond:
                 self._cond.notify_all()
+
+    def _body(self, pending: bytes, chunked: bool) -> None:
+        text = b""
+        current: dict[str, str] = {}
+        while True:
+            if chunked:
+                while b"\r\n" not in pending:
+                    more = self._recv()
+                    if not more:
+                        return
+                    pending += more
+                size_line, _, pending = pending.partition(b"\r\n")
+                size = int(size_line.split(b";")[0] or b"0", 16)
+                if size == 0:
+                    return
+                while len(pending) < size + 2:
+                    more = self._recv()
+                    if not more:
+                        return
+                    pending += more
+                data, pending = pending[:size], pending[size + 2:]
+            else:
+                data = pending or self._recv()
+                pending = b""
+                if not data:
+                    return
+            text += data
+            while b"\n" in text:
+                raw, _, text = text.partition(b"\n")
+                current = self._line(raw.rstrip(b"\r").decode("utf-8", "replace"), current)
+
+    def _line(self, line: str, current: dict[str, str]) -> dict[str, str]:
+        if line.startswith(":"):
+            self.comments.append((time.monotonic(), line))
+            return current
+        if not line:
+            if "event" in current or "data" in current:
+                try:
+                    current["json"] = json.loads(current.get("data", "null"))
+                except ValueError:
+                    current["json"] = None
+                current.setdefault("event", "message")
+                with self._cond:
+                    self.events.append(current)
+                    self._cond.notify_all()
+            return {}
+        key, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        current[key] = current[key] + "\n" + value if key == "data" and key in current else value
+        return current
 
     def opened(self, timeout: float = 10.0) -> int | None:
         """Wait for the response head; returns its status (None when it never came)."""
@@ -327,11 +335,10 @@ class EventStream:
             return list(self.events)
 
     def close(self) -> None:
-        if self._response is not None:
-            with contextlib.suppress(httpx.HTTPError, OSError, RuntimeError):
-                self._response.close()
-        with contextlib.suppress(httpx.HTTPError, OSError, RuntimeError):
-            self.client.close()
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
+            self.sock.close()
         self._thread.join(timeout=5)
 
     def __enter__(self) -> EventStream:

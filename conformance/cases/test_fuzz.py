@@ -25,7 +25,7 @@ CHECKS = [(checks.not_a_server_error, "ERR-NO-5XX-ON-BAD-INPUT"),
 
 @case("fuzz.openapi", "ERR-NO-5XX-ON-BAD-INPUT", "API-CONFORMS")
 @schema.parametrize()
-@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=False,
+@settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck), derandomize=False,
           report_multiple_bugs=False)
 def test_openapi_fuzz(case, tcp_api, verdict):
     """Generated requests against the target's TCP listener, with its bearer token."""

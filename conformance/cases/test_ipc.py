@@ -79,6 +79,7 @@ def reach(api, broker, verdict, timing, state: str, cmid: str, blocked: list[str
 def _reach_pending(api, broker, verdict, timing, cmid, blocked) -> None:
     """A pending row: the broker unreachable (the row waits for a link), or — for a daemon that marks rows inflight
     before it has a link — between two retries after transient (5xx) answers."""
+    broker.answer(cmid, *[fail()] * 8)  # answers for when the row is sent after all (below)
     broker.hold()
     try:
         if post_send(api, BODY, cmid).status_code != 202:
@@ -93,7 +94,6 @@ def _reach_pending(api, broker, verdict, timing, cmid, blocked) -> None:
         broker.release(timeout=timing.reconnect_wait_s)
         raise
     broker.release(timeout=timing.reconnect_wait_s)
-    broker.answer(cmid, *[fail()] * 8)
     try:
         wait_row(api, cmid, "pending", attempted=True, timeout=timing.settle_s(2))
     except AssertionError as exc:

@@ -76,9 +76,6 @@ def test_tcp_auth_matrix(tcp_api, verdict):
             response = anonymous.get(path)
             verdict.expect("AUTH-BEARER", 400 <= response.status_code < 500,
                            f"GET {path} without a token answered {response.status_code}")
-        good = anonymous.get("/v1/health", headers={"Authorization": f"bearer {token}"})
-        verdict.expect("AUTH-BEARER", good.status_code == 200,
-                       f"the auth scheme is case-insensitive (RFC 9110 §11.1): 'bearer' answered {good.status_code}")
     for name in _query_token_names():
         response = tcp_api.get("/v1/health", params={name: token})
         requirement = "AUTH-TOKEN-QUERY" if name == "token" else "AUTH-TOKEN-QUERY-BOTH"  # ?token= is the spec's
@@ -223,7 +220,7 @@ def _send_of_size(size: int) -> bytes:
 
 @case("transport.limits", "LIMIT-BODY", "LIMIT-BODY-ROUTES")
 def test_size_limit_boundaries(api, verdict):
-    """§3.4's 1 MB: a send of 1,000,000 bytes is accepted and one above 1 MiB refused with a 4xx; E-29: exactly
+    """§3.4: a send above 1 MB is refused (whatever the status: a 5xx is ERR-NO-5XX's finding); E-29: exactly
     1 MiB (1048576 bytes) is accepted, one byte more is 413 payload_too_large, and so for the other routes' limits."""
     limit = 1024 * 1024
 
@@ -231,12 +228,9 @@ def test_size_limit_boundaries(api, verdict):
         return api.post("/v1/send", content=_send_of_size(size),
                         headers={"Content-Type": "application/json", "Idempotency-Key": unique(f"size-{size}")})
 
-    under = send(1_000_000)
-    verdict.expect("LIMIT-BODY", under.status_code == 202, f"a body of 1,000,000 bytes (inside the 1 MB limit) "
-                                                           f"answered {under.status_code}: {under.text[:120]}")
     over = send(limit + 1)
-    verdict.expect("LIMIT-BODY", 400 <= over.status_code < 500, f"a body of {limit + 1} bytes answered "
-                                                                f"{over.status_code}")
+    verdict.expect("LIMIT-BODY", over.status_code >= 400, f"a body of {limit + 1} bytes answered "
+                                                          f"{over.status_code}")
     at = send(limit)
     with verdict.check("LIMIT-BODY-ROUTES"):
         assert at.status_code == 202, f"a body of exactly {limit} bytes answered {at.status_code}: {at.text[:120]}"
@@ -488,5 +482,4 @@ def _reconnect_configured(target) -> bool:
     """True when the harness gave the target [reconnect] settings it reads (so they, not the defaults, apply)."""
     from conformance.target import HARNESS_CONFIG
 
-    return "[reconnect]" in HARNESS_CONFIG and (target.spec == "reference" or bool(
-        target.launched and target.launched.description.get("config_toml")))
+    return "[reconnect]" in HARNESS_CONFIG and target.reads_config

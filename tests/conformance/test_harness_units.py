@@ -1,0 +1,311 @@
+"""meshconform's parts without a daemon: attribution, verdicts kept apart by kind, exit codes, timeouts that hold
+without the terminal plugin, the progress reporter, timing bounds, broker dialects, the claudemesh adapter, the
+reference's clock hook, and the harness's import boundary."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from conformance import plugin, registry, report, timing, wire
+from conformance.adapters import claudemesh
+from conformance.peer import detect_dialect
+from conformance.verdict import Check, Verdicts
+from spec import SPEC_DIR, load_yaml, validator
+
+REPO = SPEC_DIR.parent
+
+
+# --- attribution ----------------------------------------------------------------------------------------------------
+
+
+def node(outcome: str, detail: str = "", attributed: bool = False) -> plugin.NodeResult:
+    return plugin.NodeResult(outcome=outcome, detail=detail, attributed=attributed)
+
+
+def test_a_failing_check_fails_only_its_requirement():
+    recorder = Verdicts("n", ("A", "B", "C"))
+    recorder.expect("A", True)
+    with recorder.check("B"):
+        raise AssertionError("B is wrong")
+    checks = plugin._attribute(("A", "B", "C"), recorder, node("passed"))
+    assert [(c.requirement, c.outcome) for c in checks] == [("A", "pass"), ("B", "fail")]
+
+
+def test_an_unattributed_failure_fails_only_what_the_node_recorded_nothing_for():
+    recorder = Verdicts("n", ("A", "B"))
+    recorder.expect("A", True)
+    checks = plugin._attribute(("A", "B"), recorder, node("failed", "boom"))
+    assert {(c.requirement, c.outcome) for c in checks} == {("A", "pass"), ("B", "fail")}
+
+
+def test_an_attributed_failure_adds_nothing():
+    recorder = Verdicts("n", ("A", "B"))
+    recorder.expect("A", False, "A broke")
+    checks = plugin._attribute(("A", "B"), recorder, node("failed", "A broke", attributed=True))
+    assert [(c.requirement, c.outcome) for c in checks] == [("A", "fail")]
+
+
+def test_a_harness_fault_is_an_error_never_a_failure():
+    checks = plugin._attribute(("A",), None, node("error", "NameError"))
+    assert [(c.requirement, c.outcome) for c in checks] == [("A", "error")]
+
+
+def test_blocked_requirements_are_skipped_never_passed():
+    recorder = Verdicts("n", ("A", "B"))
+    recorder.expect("A", True)
+    with pytest.raises(Exception, match="precondition"):
+        recorder.blocked(["A", "B"], "precondition")
+    assert [(c.requirement, c.outcome) for c in recorder.checks] == [("A", "pass"), ("B", "skip")]
+
+
+def test_an_undeclared_requirement_is_refused():
+    with pytest.raises(ValueError):
+        Verdicts("n", ("A",)).expect("B", True)
+
+
+# --- verdicts, kinds and exit codes ------------------------------------------------------------------------------------
+
+
+def _state(checks: list[Check], strict: bool = False, spec_only: bool = False, errors: list[str] | None = None):
+    result = plugin.CaseResult("case.x", tuple({c.requirement for c in checks}))
+    result.nodes["node"] = plugin.NodeResult(outcome="passed", checks=checks)
+    return SimpleNamespace(results={"case.x": result}, deviations=[], strict=strict, spec_only=spec_only,
+                           harness_errors=errors or [], target_spec="reference", seed=1, started=time.time(),
+                           deadline_hit=0, target=None)
+
+
+REQUIREMENTS = {r["id"]: r for r in load_yaml(SPEC_DIR / "requirements.yaml")["requirements"]}
+SPEC_MUST = next(r for r in REQUIREMENTS.values() if r["source"] == "spec" and r["level"] == "MUST")["id"]
+PROFILE_MUST = next(r for r in REQUIREMENTS.values() if r["source"].startswith("errata") and r["level"] == "MUST")["id"]
+
+
+def test_spec_and_profile_failures_are_reported_apart():
+    built = report.build_report(_state([Check(SPEC_MUST, "pass"), Check(PROFILE_MUST, "fail", "differs")]))
+    validator("report/conformance_report").validate(built)
+    assert built["summary"]["spec"]["verdict"] == "pass" and built["summary"]["profile"]["verdict"] == "fail"
+    row = next(r for r in built["requirements"] if r["id"] == PROFILE_MUST)
+    assert row["kind"] == "profile" and row["cite"].startswith("meshspec E-")
+    assert built["summary"]["exit_code"] == 1
+
+
+def test_spec_only_counts_the_spec():
+    built = report.build_report(_state([Check(PROFILE_MUST, "fail", "differs")], spec_only=True))
+    assert built["summary"]["exit_code"] == 0 and built["summary"]["profile"]["verdict"] == "fail"
+
+
+def test_a_spec_failure_cites_the_spec_sentence():
+    built = report.build_report(_state([Check(SPEC_MUST, "fail", "broken")]))
+    row = next(r for r in built["requirements"] if r["id"] == SPEC_MUST)
+    assert row["kind"] == "spec" and "“" in row["cite"], row["cite"]
+
+
+def test_exit_2_only_for_a_harness_fault():
+    assert report.build_report(_state([Check(SPEC_MUST, "fail")]))["summary"]["exit_code"] == 1
+    assert report.build_report(_state([Check(SPEC_MUST, "pass")], errors=["harness fault"]))["summary"][
+        "exit_code"] == 2
+
+
+def test_fail_beats_pass_and_skip_is_never_a_pass():
+    assert report._verdict(["pass", "fail", "skip"]) == "fail"
+    assert report._verdict(["skip"]) == "skip"
+    assert report._verdict([]) == "not_checked"
+
+
+# --- the harness cannot crash or hang ---------------------------------------------------------------------------------
+
+SLEEPER = '''
+import time
+from conformance.registry import case
+
+
+@case("unit.sleeper", "API-VERSION")
+def test_sleeps_through_except_exception(verdict):
+    while True:
+        try:
+            time.sleep(60)
+        except Exception:
+            pass
+
+
+@case("unit.quick", "API-HEALTH")
+def test_quick(verdict):
+    verdict.expect("API-HEALTH", True)
+'''
+
+
+def test_the_case_timeout_holds_without_the_terminal_plugin(tmp_path):
+    cases = tmp_path / "cases"
+    cases.mkdir()
+    (cases / "test_sleeper.py").write_text(SLEEPER)
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "pytest", str(cases), "-p", "conformance.plugin", "-p",
+                             "no:terminal", "-p", "no:timeout", "-p", "no:cacheprovider", "-o", "addopts=",
+                             "--meshspec-case-timeout=2", f"--meshspec-report-dir={tmp_path / 'r'}",
+                             "--rootdir", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=120,
+                            check=False)
+    assert time.monotonic() - started < 60, "the case timeout did not hold"
+    built = json.loads((tmp_path / "r" / "report.json").read_text())
+    rows = {r["id"]: r for r in built["requirements"]}
+    assert rows["API-VERSION"]["verdict"] == "fail" and "case timeout" in rows["API-VERSION"]["reason"]
+    assert rows["API-HEALTH"]["verdict"] == "pass"
+    assert built["summary"]["exit_code"] == 1, result.stderr[-2000:]
+
+
+def test_the_run_deadline_skips_what_would_start_after_it(tmp_path):
+    cases = tmp_path / "cases"
+    cases.mkdir()
+    (cases / "test_sleeper.py").write_text(SLEEPER)
+    subprocess.run([sys.executable, "-m", "pytest", str(cases), "-p", "conformance.plugin", "-p", "no:terminal",
+                    "-p", "no:timeout", "-p", "no:cacheprovider", "-o", "addopts=", "--meshspec-case-timeout=30",
+                    "--meshspec-deadline=2", f"--meshspec-report-dir={tmp_path / 'r'}", "--rootdir", str(tmp_path)],
+                   cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+    built = json.loads((tmp_path / "r" / "report.json").read_text())
+    rows = {r["id"]: r for r in built["requirements"]}
+    assert rows["API-HEALTH"]["verdict"] == "skip" and "deadline" in rows["API-HEALTH"]["reason"]
+    assert built["summary"]["deadline_skips"] == 1
+
+
+def test_the_progress_reporter_prints_any_case_id():
+    from conformance.cli import _Progress
+
+    progress = _Progress(quiet=True)
+    progress.task = progress.progress.add_task("x", total=1)
+    failed = SimpleNamespace(nodeid="cases/test_x.py::test_y[/v1/send] [bold]", when="call", outcome="failed",
+                             failed=True)
+    progress.pytest_runtest_logreport(failed)
+    assert progress.failed == [failed.nodeid]
+
+
+def test_case_arguments_must_be_literals(tmp_path):
+    (tmp_path / "test_bad.py").write_text('from conformance.registry import case\nX = ("A",)\n'
+                                          '@case("bad.case", *X)\ndef test_bad():\n    pass\n')
+    with pytest.raises(ValueError, match="string literals"):
+        registry.cases.__wrapped__(tmp_path)
+
+
+# --- timing -------------------------------------------------------------------------------------------------------
+
+
+def test_retry_bounds_follow_the_declared_schedule():
+    schedule = timing.Timing(retry_base_ms=100, retry_max_ms=500, retry_jitter=0.25)
+    assert [schedule.retry_delay_ms(n) for n in range(1, 6)] == [100, 200, 400, 500, 500]
+    low, high = schedule.retry_gap_bounds(2)
+    assert low == 200 * 0.75 - timing.EARLY_MS and high == 200 * 1.25 + timing.LATE_MS
+    flat = timing.Timing(retry_base_ms=100, retry_max_ms=100, retry_jitter=0.25)
+    assert flat.retry_delay_ms(3) < schedule.retry_gap_bounds(3)[0], "a non-growing backoff must fall outside"
+    unbounded = 100 * 2 ** 5
+    assert unbounded > schedule.retry_gap_bounds(6)[1], "a missing cap must fall outside"
+
+
+def test_timing_from_config_and_the_command_line():
+    parsed = timing.from_config_toml("[outbox]\nretry_base_ms = 100\n[reconnect]\ninitial_ms = 50\n")
+    assert parsed == {"retry_base_ms": 100.0, "reconnect_initial_ms": 50.0}
+    assert timing.parse_cli(["retry_base_ms=5,ack_timeout_s=2"]) == {"retry_base_ms": 5.0, "ack_timeout_s": 2.0}
+    with pytest.raises(ValueError):
+        timing.Timing().with_values({"nonsense": 1}, "x")
+
+
+# --- dialects -----------------------------------------------------------------------------------------------------
+
+
+def test_dialect_from_the_hello():
+    assert detect_dialect({"type": "hello", "channel": "claudemesh-daemon"}) == "claudemesh"
+    assert detect_dialect({"type": "hello", "sessionPubkey": "ab", "pid": 1}) == "claudemesh"
+    assert detect_dialect({"type": "hello", "protocolVersion": "0.9.0"}) == "meshspec"
+
+
+def test_an_upstream_send_frame_is_read_without_its_fields():
+    seen = wire.send_seen({"type": "send", "id": "k1", "client_message_id": "k1", "request_fingerprint": "ab" * 32,
+                           "targetSpec": "*", "priority": "next", "nonce": "n", "ciphertext": "aGk="})
+    assert (seen.cmid, seen.claimed, seen.fields, seen.body) == ("k1", "ab" * 32, None, "hi")
+    assert seen.fingerprint() == bytes.fromhex("ab" * 32)
+
+
+def test_reads_never_raise_on_a_surprising_shape():
+    assert wire.send_seen({"type": "send"}).cmid == ""
+    assert wire.client_ack({"type": "client_ack", "clientMessageId": 5})["cmid"] == ""
+    assert wire.json_object(SimpleNamespace(json=lambda: [1, 2])) == {}
+
+
+# --- the claudemesh adapter and the clock hooks ------------------------------------------------------------------
+
+
+def test_the_claudemesh_adapter_describes_where_upstream_listens(tmp_path):
+    cli = tmp_path / "claudemesh-cli-1.37.0" / "cli.js"
+    cli.parent.mkdir()
+    cli.write_text("")
+    (cli.parent / "package.json").write_text(json.dumps({"version": "1.37.0"}))
+    state = tmp_path / "state"
+    state.mkdir()
+    args = SimpleNamespace(state_dir=str(state), broker_url="ws://127.0.0.1:1", target_file=str(tmp_path / "t.json"),
+                           clock_file=str(tmp_path / "clock"), cli=str(cli), node="/usr/bin/node")
+    command, env = claudemesh.prepare(args)
+    assert command[-3:] == ["daemon", "up", "--foreground"] and env["HOME"] == str(state / "home")
+    config = state / "home" / ".claudemesh" / "config.json"
+    assert oct(config.stat().st_mode & 0o777) == "0o600"
+    mesh = json.loads(config.read_text())["meshes"][0]
+    assert mesh["brokerUrl"] == "ws://127.0.0.1:1" and mesh["secretKey"].endswith(mesh["pubkey"])
+    description = json.loads((tmp_path / "t.json").read_text())
+    assert validator("harness/target").is_valid(description)
+    assert description["fixed_port"] is True and description["port"] == 47823
+    assert "clock_shim.cjs" in env["NODE_OPTIONS"]
+    again, _ = claudemesh.prepare(args)
+    assert json.loads(config.read_text())["meshes"][0]["pubkey"] == mesh["pubkey"], "a restart is the same member"
+    cli.parent.rename(tmp_path / "claudemesh-cli-1.21.1")
+    (tmp_path / "claudemesh-cli-1.21.1" / "package.json").write_text(json.dumps({"version": "1.21.1"}))
+    older, _ = claudemesh.prepare(SimpleNamespace(**{**vars(args), "cli": str(tmp_path / "claudemesh-cli-1.21.1"
+                                                                              / "cli.js")}))
+    assert "--foreground" not in older
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="no node on this machine")
+def test_the_node_clock_shim_moves_date(tmp_path):
+    clock = tmp_path / "clock"
+    clock.write_text("3600")
+    script = "console.log(JSON.stringify([Date.now(), new Date().getTime()]))"
+    result = subprocess.run(["node", "--require", str(claudemesh.SHIM), "-e", script], capture_output=True, text=True,
+                            env={**os.environ, "MESHCONFORM_CLOCK_FILE": str(clock)}, check=True)
+    now, constructed = json.loads(result.stdout)
+    assert abs(now / 1000 - (time.time() + 3600)) < 5 and abs(constructed - now) < 1000
+
+
+def test_the_reference_clock_hook(tmp_path):
+    from reference.clock import WallClock
+
+    offset = tmp_path / "clock"
+    clock = WallClock(offset)
+    assert abs(clock() - time.time()) < 1
+    offset.write_text("7200\n")
+    time.sleep(0.06)
+    assert abs(clock() - time.time() - 7200) < 1
+    assert abs(WallClock()() - time.time()) < 1
+
+
+# --- independence -----------------------------------------------------------------------------------------------------
+
+
+def test_the_harness_depends_on_spec_and_the_public_core_only():
+    """conformance/ imports spec, reference.core's public names (its __all__) and third-party packages — never the
+    reference daemon or broker, never a private module of the core."""
+    import reference.core as core
+
+    public = set(core.__all__)
+    for path in (REPO / "conformance").rglob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for item in ast.walk(tree):
+            if isinstance(item, ast.ImportFrom) and item.module and item.module.startswith("reference"):
+                assert item.module == "reference.core", f"{path.relative_to(REPO)} imports {item.module}"
+                assert {a.name for a in item.names} <= public, f"{path.relative_to(REPO)}: " \
+                                                               f"{ {a.name for a in item.names} - public}"
+            elif isinstance(item, ast.Import):
+                assert not any(a.name.startswith("reference") for a in item.names), path
