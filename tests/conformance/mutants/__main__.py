@@ -10,6 +10,7 @@ repository root (the kill matrix does), so ``tests`` is importable.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -18,7 +19,9 @@ from . import MUTANTS, UNDETECTABLE, Mutant
 
 def describe(path: Path, name: str) -> None:
     document = {"name": f"meshspec reference daemon, mutant {name}", "config_toml": True, "clock_hook": True}
-    path.write_text(json.dumps(document), encoding="utf-8")
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(document), encoding="utf-8")
+    os.replace(partial, path)
 
 
 def main(argv: list[str]) -> int:

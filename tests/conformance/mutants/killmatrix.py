@@ -7,8 +7,10 @@ Run it from the repository root. Each subject runs as ``meshconform run --launch
 --strict --seed 1 --deadline <its deadline> --report-dir DIR --quiet`` in a subprocess (its own scripted broker and
 daemon on 127.0.0.1; ``--strict`` so a SHOULD failure fails the run too). A subject is *killed* when one of the
 requirements it is expected to fail has verdict ``fail`` in report.json, or, for a subject expected to be a harness
-error, when meshconform exits 2 naming the launch failure. Exit status: 1 when any subject survived (known gaps
-included) or the control failed, else 0. ``--record`` writes the matrix as JSON (tests/conformance/killmatrix.json
+error, when meshconform exits 2 naming the launch failure. With ``--control`` (the reference through the same entry
+point, on the union of every selection) a kill counts only when the control passes that requirement: a requirement the
+reference fails too proves nothing about the mutant. Exit status: 1 when any subject survived (known gaps included)
+or the control failed, else 0. ``--record`` writes the matrix as JSON (tests/conformance/killmatrix.json
 is the committed one).
 """
 
@@ -91,6 +93,23 @@ class Verdict:
         return {**asdict(self), "killed": self.killed, "killed_by": self.killed_by, "also_failed": self.also_failed}
 
 
+def confirmed(row: Verdict, control: Verdict | None) -> list[str]:
+    """The requirements that killed ``row`` and that ``control`` passes (all of them when no control ran)."""
+    if control is None:
+        return row.killed_by
+    return [r for r in row.killed_by if r == HARNESS_ERROR or control.verdicts.get(r) == "pass"]
+
+
+def _control(matrix: Sequence[Verdict]) -> Verdict | None:
+    return next((r for r in matrix if r.kind == "control"), None)
+
+
+def survivors(matrix: Sequence[Verdict]) -> list[Verdict]:
+    """Subjects with no confirmed kill."""
+    control = _control(matrix)
+    return [r for r in matrix if r.kind != "control" and not confirmed(r, control)]
+
+
 def subjects(only: Iterable[str] = ()) -> list[Mutant]:
     """Every runnable mutant, then every miniature (or just those named in ``only``)."""
     everything = {**MUTANTS, **MINIATURES}
@@ -150,6 +169,7 @@ _COLOR = {"fail": "red", "pass": "green", "skip": "yellow", "error": "magenta"}
 
 def render(matrix: Sequence[Verdict], console: Console) -> None:
     """The matrix: each subject against its expected requirements, and whatever else failed."""
+    control = _control(matrix)
     table = Table(title="meshconform kill matrix", show_lines=False)
     for column in ("subject", "kind", "expected requirement → verdict", "also failed", "result", "s"):
         table.add_column(column, overflow="fold")
@@ -165,8 +185,10 @@ def render(matrix: Sequence[Verdict], console: Console) -> None:
             cells.append(f"{requirement} → [{color}]{value}[/]")
         if row.kind == "control":
             result = "[green]passes[/]" if row.passed else f"[bold red]FAILS (exit {row.exit_code})[/]"
-        elif row.killed:
+        elif confirmed(row, control):
             result = "[green]killed[/]" + ("" if row.in_time else " [bold red](past its deadline)[/]")
+        elif row.killed:
+            result = "[bold red]SURVIVED[/] (its kills fail on the control too)"
         else:
             result = "[bold red]SURVIVED[/]" + (" (known gap)" if _known_gap(row.name) else "")
         table.add_row(escape(row.name), row.kind, "\n".join(cells) or "—", " ".join(row.also_failed) or "—", result,
@@ -174,11 +196,13 @@ def render(matrix: Sequence[Verdict], console: Console) -> None:
     for entry in UNDETECTABLE.values():
         table.add_row(escape(entry.name), "undetectable", " ".join(entry.kills), "—", "[dim]not run[/]", "—")
     console.print(table)
-    survivors = [r for r in matrix if r.kind != "control" and not r.killed]
-    killed = sum(1 for r in matrix if r.kind != "control" and r.killed)
-    console.print(f"killed {killed} of {killed + len(survivors)}"
-                  + (f"; [bold red]survived: {escape(', '.join(r.name for r in survivors))}[/]" if survivors else ""))
-    for row in survivors:
+    survived = survivors(matrix)
+    killed = sum(1 for r in matrix if r.kind != "control") - len(survived)
+    console.print(f"killed {killed} of {killed + len(survived)}"
+                  + (f"; [bold red]survived: {escape(', '.join(r.name for r in survived))}[/]" if survived else ""))
+    if control is not None and not control.passed:
+        console.print(f"[bold red]the control failed[/]: {escape(', '.join(control.also_failed))}")
+    for row in survived:
         gap = _known_gap(row.name)
         seen = {r: row.verdicts.get(r, "not run") for r in row.expected}
         console.print(f"[yellow]{escape(row.name)}[/]: exit {row.exit_code}, expected {escape(str(seen))}"
@@ -194,18 +218,24 @@ def _known_gap(name: str) -> str | None:
 
 def record(matrix: Sequence[Verdict], path: Path, wall_s: float) -> None:
     """Write the matrix as JSON: per subject what was expected, what the report said, and the run's wall time."""
+    control = _control(matrix)
     rows = []
     for row in matrix:
         rows.append({"name": row.name, "kind": row.kind, "expected": row.expected, "selection": row.selection,
-                     "exit_code": row.exit_code, "killed": row.killed if row.kind != "control" else None,
-                     "passed": row.passed if row.kind == "control" else None, "killed_by": row.killed_by,
+                     "exit_code": row.exit_code,
+                     "killed": bool(confirmed(row, control)) if row.kind != "control" else None,
+                     "passed": row.passed if row.kind == "control" else None,
+                     "killed_by": confirmed(row, control) if row.kind != "control" else [],
+                     "failed_on_control_too": sorted(set(row.killed_by) - set(confirmed(row, control))),
                      "expected_verdicts": {r: row.verdicts.get(r, "not run") for r in row.expected
                                            if r != HARNESS_ERROR},
                      "also_failed": row.also_failed, "duration_s": row.duration_s, "deadline_s": row.deadline_s,
                      "known_gap": _known_gap(row.name)})
-    document = {"wall_s": round(wall_s, 1), "subjects": len([r for r in matrix if r.kind != "control"]),
-                "killed": sum(1 for r in matrix if r.kind != "control" and r.killed),
-                "survivors": [r.name for r in matrix if r.kind != "control" and not r.killed],
+    survived = [r.name for r in survivors(matrix)]
+    subjects_run = [r for r in matrix if r.kind != "control"]
+    document = {"wall_s": round(wall_s, 1), "subjects": len(subjects_run), "killed": len(subjects_run) - len(survived),
+                "survivors": survived,
+                "control": None if control is None else {"passed": control.passed, "failed": control.also_failed},
                 "undetectable": {m.name: m.undetectable for m in UNDETECTABLE.values()}, "matrix": rows}
     path.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
 
@@ -223,8 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     chosen = subjects(args.only)
     if args.control:
-        chosen.append(control_subject([] if args.full else sorted({item for m in chosen if m.kind == "mutant"
-                                                                    for item in m.selection})))
+        chosen.append(control_subject([] if args.full else sorted({item for m in chosen for item in m.selection})))
     console = Console(stderr=args.json, width=160)
     started = time.monotonic()
     matrix = run(chosen, select_by_expected=not args.full, workers=args.workers, seed=args.seed)
@@ -235,8 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"wall time {wall:.0f} s with {args.workers} worker(s)")
     if args.record:
         record(matrix, args.record, wall)
-    failed = [r for r in matrix if (r.kind == "control" and not r.passed) or (r.kind != "control" and not r.killed)]
-    return 1 if failed else 0
+    control = _control(matrix)
+    return 1 if survivors(matrix) or (control is not None and not control.passed) else 0
 
 
 if __name__ == "__main__":
