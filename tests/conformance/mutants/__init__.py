@@ -51,6 +51,7 @@ class Mutant:
     launch: str = field(default="", compare=False)
     est_s: float = 10.0  # a rough run time, to schedule the longest runs first
     deadline_s: float = 600.0  # meshconform run --deadline
+    case_timeout_s: float = 120.0  # meshconform run --case-timeout
 
     @property
     def selection(self) -> tuple[str, ...]:

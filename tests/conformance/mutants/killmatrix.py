@@ -9,7 +9,9 @@ daemon on 127.0.0.1; ``--strict`` so a SHOULD failure fails the run too). A subj
 requirements it is expected to fail has verdict ``fail`` in report.json, or, for a subject expected to be a harness
 error, when meshconform exits 2 naming the launch failure. With ``--control`` (the reference through the same entry
 point, on the union of every selection) a kill counts only when the control passes that requirement: a requirement the
-reference fails too proves nothing about the mutant. Exit status: 1 when any subject survived (known gaps included)
+reference fails too proves nothing about the mutant. A kill the union run does not confirm is checked once more against
+the control on that subject's own selection (cases can disturb each other: the reference may fail a requirement only
+after other cases ran), and that run decides. Exit status: 1 when any subject survived (known gaps included)
 or the control failed, else 0. ``--record`` writes the matrix as JSON (tests/conformance/killmatrix.json
 is the committed one).
 """
@@ -62,6 +64,7 @@ class Verdict:
     harness_errors: list[str] = field(default_factory=list)
     duration_s: float = 0.0
     output_tail: str = ""
+    own_control: dict[str, str] | None = None  # the control's verdicts on this subject's own selection, when run
 
     @property
     def killed_by(self) -> list[str]:
@@ -94,10 +97,12 @@ class Verdict:
 
 
 def confirmed(row: Verdict, control: Verdict | None) -> list[str]:
-    """The requirements that killed ``row`` and that ``control`` passes (all of them when no control ran)."""
-    if control is None:
+    """The requirements that killed ``row`` and that the control passes: on ``row``'s own selection when that was
+    run, else on the union of the selections (all of them when no control ran)."""
+    reference = row.own_control if row.own_control is not None else None if control is None else control.verdicts
+    if reference is None:
         return row.killed_by
-    return [r for r in row.killed_by if r == HARNESS_ERROR or control.verdicts.get(r) == "pass"]
+    return [r for r in row.killed_by if r == HARNESS_ERROR or reference.get(r) == "pass"]
 
 
 def _control(matrix: Sequence[Verdict]) -> Verdict | None:
@@ -125,7 +130,8 @@ def run_one(subject: Mutant, select: Sequence[str] | None = None, seed: int = 1)
     selection = list(subject.selection if select is None else select)
     with tempfile.TemporaryDirectory(prefix=f"killmatrix-{subject.name}-") as tmp:
         argv = [sys.executable, "-m", "conformance.cli", "run", "--launch", subject.template, "--strict",
-                "--seed", str(seed), "--deadline", f"{subject.deadline_s:g}", "--report-dir", tmp, "--quiet"]
+                "--seed", str(seed), "--deadline", f"{subject.deadline_s:g}", "--case-timeout",
+                f"{subject.case_timeout_s:g}", "--report-dir", tmp, "--quiet"]
         for item in selection:
             argv += ["--select", item]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
@@ -159,6 +165,12 @@ def run(mutants: Sequence[Mutant], select_by_expected: bool = True, workers: int
     with ThreadPoolExecutor(max(1, workers)) as pool:
         futures = {i: pool.submit(run_one, mutants[i], None if select_by_expected else [], seed) for i in order}
         matrix = [futures[i].result() for i in range(len(mutants))]
+        control = _control(matrix)
+        recheck = [row for row in matrix if control is not None and row.kind != "control" and row.killed
+                   and not confirmed(row, control)]
+        checks = [pool.submit(run_one, control_subject(row.selection), None, seed) for row in recheck]
+        for row, check in zip(recheck, checks, strict=True):
+            row.own_control = check.result().verdicts
     if console is not None:
         render(matrix, console)
     return matrix
@@ -227,6 +239,7 @@ def record(matrix: Sequence[Verdict], path: Path, wall_s: float) -> None:
                      "passed": row.passed if row.kind == "control" else None,
                      "killed_by": confirmed(row, control) if row.kind != "control" else [],
                      "failed_on_control_too": sorted(set(row.killed_by) - set(confirmed(row, control))),
+                     "control_on_own_selection": row.own_control is not None,
                      "expected_verdicts": {r: row.verdicts.get(r, "not run") for r in row.expected
                                            if r != HARNESS_ERROR},
                      "also_failed": row.also_failed, "duration_s": row.duration_s, "deadline_s": row.deadline_s,

@@ -50,9 +50,9 @@ def template(kind: str) -> str:
 
 
 def _miniature(name: str, description: str, kills: tuple[str, ...], select: tuple[str, ...] = (),
-               deadline_s: float = 150.0, est_s: float = 30.0) -> Mutant:
+               deadline_s: float = 120.0, est_s: float = 30.0) -> Mutant:
     return Mutant(name, description, kills, select=select, kind="miniature", launch=template(name),
-                  deadline_s=deadline_s, est_s=est_s)
+                  deadline_s=deadline_s, case_timeout_s=30.0, est_s=est_s)
 
 
 # Selections: cases that need no broker (a miniature never links), so each verdict is the miniature's own doing.
