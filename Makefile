@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.meshspec-installed
 
-.PHONY: setup conform test lint slow slow-bounded bench
+.PHONY: setup conform test lint slow slow-bounded bench interop interop-check
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -33,7 +33,8 @@ slow: $(STAMP)
 # ... and the bounded form CI runs after `make test`: every slow test, at sizes that keep it bounded (the kill matrix,
 # tests/conformance/test_mutants.py, runs whole: about 20 minutes on 2 cores, MESHSPEC_MUTANT_WORKERS runs at once).
 slow-bounded: $(STAMP)
-	MESHSPEC_SLOW_KILLS=150 MESHSPEC_SLOW_BUDGET=60 MESHSPEC_SLOW_EVENTS=2M $(BIN)/python -m pytest -q -m slow
+	MESHSPEC_SLOW_KILLS=150 MESHSPEC_SLOW_BUDGET=60 MESHSPEC_SLOW_EVENTS=2M MESHSPEC_SLOW_FUZZ_EXAMPLES=800 \
+	MESHSPEC_SLOW_SOAK_S=30 $(BIN)/python -m pytest -q -m slow
 
 # The benchmarks (bench/README.md): the speed targets of the issues, printed as ratios. Minutes, not seconds.
 bench: $(STAMP)
@@ -42,3 +43,14 @@ bench: $(STAMP)
 	$(BIN)/python bench/broker_accept.py
 	$(BIN)/python bench/trace_check.py
 	$(BIN)/python bench/conformance_run.py
+	$(BIN)/python bench/hostile_health.py
+
+# The upstream claudemesh daemon builds (../shared/upstream/, absent from a user's clone: then this says so and
+# exits 0): `interop` records fixtures/interop/<build>/ and its README; `interop-check` (CI) re-runs 1.21.1 and fails
+# when a verdict moved from the recorded one.
+UPSTREAM ?= ../shared/upstream
+interop: $(STAMP)
+	$(BIN)/python fixtures/interop/run.py --write --upstream $(UPSTREAM)
+
+interop-check: $(STAMP)
+	$(BIN)/python fixtures/interop/run.py --check --build 1.21.1 --upstream $(UPSTREAM)

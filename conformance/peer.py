@@ -78,7 +78,7 @@ class Outcome:
     history_available: bool = True
     delay_s: float = 0.0
     conflict: str = "request_fingerprint_mismatch"
-    retry_after_s: float | None = None
+    retry_after_ms: int | None = None
 
 
 AUTO = Outcome()
@@ -234,6 +234,12 @@ class ScriptedBroker:
         with self._cond:
             self.script.setdefault(client_message_id, []).extend(outcomes)
 
+    def forget(self, *cmids: str) -> None:
+        """Drop what is still scripted for ``cmids`` (they are answered by the default again)."""
+        with self._cond:
+            for cmid in cmids:
+                self.script.pop(cmid, None)
+
     def answer_all(self, outcome: Outcome) -> None:
         """Answer every send without a scripted outcome with ``outcome``."""
         with self._cond:
@@ -286,10 +292,11 @@ class ScriptedBroker:
         self.send_raw({"type": "push", "subtype": "system", "event": event, "eventData": data, "meshId": "mesh",
                        "createdAt": wire.iso(time.time())})
 
-    def send_raw(self, frame: dict[str, Any] | str, connection: int | None = None) -> None:
-        """Send any frame (or raw text) on the newest (or a given) connection."""
+    def send_raw(self, frame: dict[str, Any] | str | bytes, connection: int | None = None) -> None:
+        """Send any frame (a dict as JSON text, raw text, or bytes as a binary message) on the newest (or a given)
+        connection."""
         conn_id = connection if connection is not None else self.wait_connected()
-        text = frame if isinstance(frame, str) else json.dumps(frame)
+        text = frame if isinstance(frame, str | bytes) else json.dumps(frame)
         with self._cond:
             connection_obj = self._connections.get(conn_id)
         if connection_obj is None:
@@ -555,8 +562,8 @@ class ScriptedBroker:
                     "conflict": outcome.conflict, "broker_fingerprint_prefix": fingerprint_prefix(fingerprint)}
         body = {**base, "status": outcome.status, "messageId": "", "queued": False, "error": outcome.error,
                 "detail": f"scripted {outcome.kind}"}
-        if outcome.retry_after_s is not None:
-            body["retry_after_s"] = outcome.retry_after_s
+        if outcome.retry_after_ms is not None:
+            body["retry_after_ms"] = outcome.retry_after_ms
         return body
 
 

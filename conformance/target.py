@@ -42,6 +42,8 @@ initial_ms = 100
 max_ms = 800
 [ipc]
 keepalive_s = 2.0
+header_read_s = 1.0
+body_read_s = 1.0
 [broker]
 request_timeout_s = 2.0
 [daemon]

@@ -35,6 +35,8 @@ class Timing:
     reconnect_jitter: float = 0.25
     hello_timeout_s: float = 5.0
     keepalive_s: float = 15.0
+    header_read_s: float = 5.0
+    body_read_s: float = 10.0
     source: str = "meshspec defaults (E-14, E-35): the target declared no timing"
 
     def retry_delay_ms(self, failures: int) -> float:
@@ -82,7 +84,8 @@ def from_config_toml(text: str) -> dict[str, float]:
                "retry_jitter": outbox.get("retry_jitter"), "ack_timeout_s": outbox.get("ack_timeout_s"),
                "reconnect_initial_ms": reconnect.get("initial_ms"), "reconnect_max_ms": reconnect.get("max_ms"),
                "reconnect_multiplier": reconnect.get("multiplier"), "reconnect_jitter": reconnect.get("jitter"),
-               "hello_timeout_s": broker.get("hello_timeout_s"), "keepalive_s": ipc.get("keepalive_s")}
+               "hello_timeout_s": broker.get("hello_timeout_s"), "keepalive_s": ipc.get("keepalive_s"),
+               "header_read_s": ipc.get("header_read_s"), "body_read_s": ipc.get("body_read_s")}
     return {k: float(v) for k, v in mapping.items() if v is not None}
 
 

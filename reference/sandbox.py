@@ -1,7 +1,8 @@
 """`meshd sandbox`: a reference broker (SQLite, --dev) and a reference daemon joined to it, for trying things out.
 
 Both run as subprocesses in their own process groups, with their logs in the sandbox directory:
-``<dir>/broker.db``, ``<dir>/broker.log``, ``<dir>/daemon/`` (the daemon's state directory) and ``<dir>/daemon.log``.
+``<dir>/broker.db``, ``<dir>/broker.log``, ``<dir>/daemon/`` (the daemon's state directory) and ``<dir>/daemon.log``;
+the directory is 0700 and every file in it 0600 (broker.db holds every message body).
 The sandbox prints where to reach the daemon (unix socket, TCP port, token file) and runs until SIGINT or SIGTERM,
 then stops the daemon (SIGTERM, a bounded drain) before the broker. Running it again on the same directory keeps
 the state of both.
@@ -20,6 +21,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -64,7 +66,7 @@ class Sandbox:
             return None
 
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
-        with (self.directory / f"{name}.log").open("ab") as log:
+        with private_log(self.directory / f"{name}.log") as log:
             process = subprocess.Popen([self.python, "-m", "reference.cli", *argv], stdin=subprocess.DEVNULL,
                                        stdout=log, stderr=log, start_new_session=True)
         self.processes[name] = process
@@ -84,7 +86,10 @@ class Sandbox:
 
     def start(self) -> Sandbox:
         """Start the broker, wait for its port, start the daemon, wait until its broker link is up."""
-        self.directory.mkdir(parents=True, exist_ok=True)
+        # broker.db holds every message body and the logs name members: the directory is private (0700), like the
+        # daemon's state directory, and so is every file in it (0600).
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self.directory, 0o700)
         self.state_dir.mkdir(mode=0o700, exist_ok=True)
         port_file = self.directory / "broker.port"
         port_file.unlink(missing_ok=True)
@@ -148,6 +153,13 @@ class Sandbox:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+def private_log(path: Path) -> Any:
+    """``path`` opened for appending, created 0600 (and made 0600 if it was not)."""
+    handle = os.fdopen(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")
+    os.fchmod(handle.fileno(), 0o600)
+    return handle
 
 
 def cmd_sandbox(args: argparse.Namespace) -> int:

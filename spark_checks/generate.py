@@ -757,8 +757,9 @@ class MeshSim:
         elif table_row in ("BRK-DUP-MISMATCH", "BRK-DRIFT"):
             status, event = 409, "ack_conflict"
         elif table_row == "BRK-B1-REJECT":
-            status = self.core.check_status("B1", ("rate_limit", "payload_size", "membership")[int(rnd() * 3)])
-            event = "ack_rejected"
+            check = ("rate_limit", "payload_size", "membership")[int(rnd() * 3)]
+            status = self.core.check_status("B1", check)
+            event = "ack_retry_later" if check == "rate_limit" else "ack_rejected"  # a rate limit is transient (E-42)
         elif table_row == "BRK-B2-REJECT":
             status, event = self.core.check_status("B2", dest.b2_check or "topic_exists"), "ack_rejected"
         else:

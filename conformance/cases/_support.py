@@ -25,8 +25,10 @@ TERMINAL = frozenset({"done", "dead", "aborted"})
 MAX_PAGES = 50
 # The destination every behaviour case sends to: a DM to a 64-hex member key. It is the one `to` every grammar in
 # the claudemesh family maps to the same (dm, <that key>) — meshspec's E-18 and upstream's "anything else is a DM"
-# — so a case about the outbox or the lookup table never depends on meshspec's own `to` grammar (DEST-GRAMMAR).
-RECIPIENT = "5b" * 32
+# — so a case about the outbox or the lookup table never depends on meshspec's own `to` grammar (DEST-GRAMMAR). It
+# is a real ed25519 public key (the one of sha256("meshconform recipient") as a seed): a daemon that seals DMs to
+# the recipient's key (upstream 1.37) can do so.
+RECIPIENT = "a2361551b8e8628bae67a5ffdd005271b0849dd4e2720b21590d136f8d358738"
 BODY = {"to": RECIPIENT, "message": "conformance"}
 OTHER = {"to": RECIPIENT, "message": "conformance, but different"}
 
@@ -346,3 +348,18 @@ class EventStream:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def release_rows(api: Any, broker: Any, *cmids: str) -> None:
+    """Forget what was scripted for ``cmids`` and settle any of them still inflight with a 201, so a daemon whose
+    drain waits on one ack at a time (upstream's does) is not left blocked behind a row a case kept silent."""
+    from conformance.peer import CREATED
+    from conformance.wire import send_seen
+
+    broker.forget(*cmids)
+    for cmid in cmids:
+        row = row_for(api, cmid) or {}
+        sends = broker.sends_of(cmid)
+        if row.get("status") == "inflight" and sends:
+            with contextlib.suppress(ConnectionError, OSError, TimeoutError, RuntimeError):
+                broker.send_raw(broker.decide(send_seen(sends[-1].frame), CREATED))

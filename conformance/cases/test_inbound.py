@@ -94,8 +94,9 @@ POISON = [  # (label, frame or raw text): inbound frames no schema admits
 
 @case("inbound.invalid_frames", "INB-SCHEMA")
 def test_invalid_pushes_are_dropped(api, broker, verdict):
-    """Pushes no schema admits are dropped (not stored, not acknowledged); the link stays up and the next valid
-    push is stored."""
+    """Pushes no schema admits are dropped (not stored in the inbox); the link stays up and the next valid push is
+    stored. (Whether a dropped push is acknowledged so the broker stops redelivering it is E-41's, checked in
+    inbound.poison.)"""
     for label, change in POISON:
         cmid = unique(f"evil-{label}")
         frame = broker.push_frame(body="x", client_message_id=cmid, sender=SENDER)
@@ -112,8 +113,6 @@ def test_invalid_pushes_are_dropped(api, broker, verdict):
             wait_inbound(api, broker, good)
             stored = [i for i in inbox_items(api)[0] if i.get("client_message_id") == bad_id]
             assert not stored or not isinstance(bad_id, str), f"the {label} push was stored: {stored[:1]}"
-            if isinstance(bad_id, str):
-                assert not broker.client_acks(bad_id), f"the {label} push was acknowledged"
 
 
 @case("inbound.cursor_paging", "INBOX-CURSOR", "INBOX-FILTERS", "INBOX-FILTERS-EXACT")

@@ -25,6 +25,7 @@ from conformance.cases._support import (
     RECIPIENT,
     outbox_rows,
     post_send,
+    release_rows,
     row_for,
     unique,
     wait_row,
@@ -125,6 +126,7 @@ def test_lookup_row(api, broker, verdict, timing, row):
     finally:
         if broker.held.is_set():
             broker.release(timeout=timing.reconnect_wait_s)
+        release_rows(api, broker, cmid)
     body = json_object(response)
     got = f"{response.status_code} {response.text[:300]}"
     for requirement in row["requirements"]:

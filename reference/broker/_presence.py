@@ -32,11 +32,13 @@ from typing import Any
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.server import ServerConnection
 
+from reference.core.limits import limit
+
 log = logging.getLogger("meshbroker")
 
 PROFILE_FIELDS = ("avatar", "title", "bio", "capabilities")
 #: unread outbound bytes a session may hold before the broker closes it as a slow consumer (E-33)
-MAX_OUTBOUND_BYTES = 8 * 2**20
+MAX_OUTBOUND_BYTES = int(limit("broker_outbound_bytes"))
 #: RFC 6455 1013 "Try Again Later", the close of a slow consumer (E-33)
 SLOW_CONSUMER = (1013, "slow_consumer")
 #: how long a close waits for the frames queued before it to be written

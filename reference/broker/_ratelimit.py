@@ -6,6 +6,7 @@ the reference needs only a dozen lines of arithmetic; the idempotent Lua limiter
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -40,3 +41,13 @@ class TokenBuckets:
                 return False
             self._buckets[key] = (tokens - 1.0, now)
             return True
+
+    def retry_after_ms(self, request: AcceptRequest) -> int | None:
+        """How long until the sender's bucket holds a token again (what a 429 ack tells the daemon, E-42)."""
+        if self.rate <= 0:
+            return None
+        key = (request.mesh_id, request.sender_pubkey)
+        with self._lock:
+            tokens, at = self._buckets.get(key, (float(self.burst), self._clock()))
+        tokens = min(float(self.burst), tokens + (self._clock() - at) * self.rate)
+        return max(1, math.ceil((1.0 - tokens) / self.rate * 1000)) if tokens < 1.0 else 1

@@ -15,6 +15,7 @@ from typing import Any
 
 from reference.broker._presence import MAX_OUTBOUND_BYTES
 from reference.broker.store import DEDUPE_MODES
+from reference.core.limits import limit
 
 CONNECTION_POLICIES = ("prefer_newest", "prefer_oldest", "allow_concurrent")
 LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
@@ -44,7 +45,7 @@ class BrokerConfig:
     max_concurrent_epochs: int = 2
     connection_policy: str = "prefer_newest"
     hello_skew_s: float = 60.0
-    handshake_timeout_s: float = 10.0
+    handshake_timeout_s: float = float(limit("broker_handshake_s"))
     #: a pushed delivery not acknowledged within the lease is pushed again
     lease_s: float = 30.0
     #: per-member token bucket for sends (B1 rate_limit); 0 disables it
@@ -58,7 +59,9 @@ class BrokerConfig:
     trace_strict: bool = False
     #: store calls run on this many threads, so at most this many database connections are open
     db_workers: int = 16
-    max_inflight_per_connection: int = 64
+    max_inflight_per_connection: int = int(limit("broker_inflight_per_connection"))
+    #: open WebSocket connections, authenticated or not; past this a new one is closed 1013 before its handshake
+    max_connections: int = int(limit("broker_connections"))
     #: frames queued for a member that it has not read; past this the connection is closed 1013 (E-33)
     max_outbound_bytes: int = MAX_OUTBOUND_BYTES
     allow_non_loopback: bool = False
@@ -75,7 +78,7 @@ class BrokerConfig:
         if self.inline_bytes < 1 or self.blob_bytes < 1:
             raise BrokerConfigError("payload limits must be positive")
         if (self.lease_s <= 0 or self.db_workers < 1 or self.max_inflight_per_connection < 1
-                or self.max_outbound_bytes < 1):
+                or self.max_outbound_bytes < 1 or self.max_connections < 1):
             raise BrokerConfigError("lease, db workers, in-flight and outbound limits must be positive")
         if self.advertise is not None and not isinstance(self.advertise, dict):
             raise BrokerConfigError("the advertised feature map must be a JSON object")

@@ -5,6 +5,13 @@ side: ``hello`` (ed25519 signature over ``meshId|memberId|pubkey|timestamp``, cl
 policy), then ``feature_negotiation_request`` (E-08), then the frame loop. Any other first or second frame, or an
 unparsable one, closes with 4005; the codes and their names come from spec/tables/close_codes.yaml.
 
+Hostile frames (E-40). Every frame is parsed with the JSON limits of spec/tables/limits.yaml
+(``reference.core.limits.loads``), never with a bare ``json.loads``: a frame too deep to parse, or that is not JSON,
+closes 4005; a frame that parses but goes past a limit is refused like a schema failure -- a ``send`` with a usable
+client_message_id in B1 (ack 400 ``limit_exceeded``), anything else with an ``error`` frame. A WebSocket message past
+``link_frame_max_bytes`` is closed 1009 by the server before it is read. Past ``broker_connections`` open
+connections a new one is closed 1013 before its handshake. Nothing a peer sends ends in 1011 and a traceback.
+
 No connection thread touches the database. Store calls run on one bounded pool, so the number of database
 connections stays bounded however many WebSockets come and go (the stores keep one connection per thread). A
 ``send`` is checked against its schema on the connection thread (a failure is B1 ``invalid_frame``; without a usable
@@ -53,6 +60,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.server import Server, ServerConnection, serve
 
 from reference.core import broker_accept
+from reference.core.limits import LimitExceeded, Unparsable, limit, loads
 from reference.trace import TraceWriter, schema_check
 from spec import load_table, schema
 
@@ -156,7 +164,8 @@ class BrokerServer:
         self.pool = ThreadPoolExecutor(config.db_workers, thread_name_prefix="meshbroker-db")
         self.presence = Presence(config.connection_policy)
         self.buckets = TokenBuckets(config.rate_per_s, config.rate_burst)
-        self.checks = AcceptChecks(max_payload_bytes=config.max_payload_bytes, rate_limit=self.buckets.allow)
+        self.checks = AcceptChecks(max_payload_bytes=config.max_payload_bytes, rate_limit=self.buckets.allow,
+                                   retry_after_ms=self.buckets.retry_after_ms)
         self.dispatcher = Dispatcher(self.pool, self._lease, self._deliver, self.presence.connected,
                                      tick_s=max(0.02, min(1.0, config.lease_s / 4)))
         self.trace: TraceWriter | None = None
@@ -180,14 +189,16 @@ class BrokerServer:
         self._accept_writers: list[threading.Thread] = []
         self._dev_members: set[tuple[str, str]] = set()
         self._dev_topics: set[tuple[str, str]] = set()
+        self._connections = 0
+        self._connections_lock = threading.Lock()
 
     # --- lifecycle -------------------------------------------------------------------------------------------------
 
     def start(self) -> int:
         """Bind the listener and start the dispatcher and the retention thread; returns the bound port."""
         self._server = serve(
-            self._handle, self.config.host, self.config.port, compression=None, open_timeout=10,
-            close_timeout=2, max_size=max(2**20, 8 * self.config.max_payload_bytes),
+            self._handle, self.config.host, self.config.port, compression=None,
+            open_timeout=self.config.handshake_timeout_s, close_timeout=2, max_size=int(limit("link_frame_max_bytes")),
             logger=logging.getLogger("meshbroker.websockets"),
         )
         self.dispatcher.start()
@@ -264,16 +275,35 @@ class BrokerServer:
         return None if problem is None else problem[:MAX_DETAIL]
 
     @staticmethod
-    def _parse(raw: str | bytes) -> dict[str, Any] | None:
+    def _parse(raw: str | bytes) -> tuple[dict[str, Any] | None, str | None]:
+        """(the frame, or None when it is unparsable or has no type; what limit it goes past, or None) (E-40)."""
         try:
-            frame = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
-            return None
-        return frame if isinstance(frame, dict) and isinstance(frame.get("type"), str) else None
+            frame, problem = loads(raw), None
+        except Unparsable:
+            return None, None
+        except LimitExceeded as exc:
+            frame, problem = exc.document, f"{exc.limit}: {exc.detail}"
+        if not isinstance(frame, dict) or not isinstance(frame.get("type"), str):
+            return None, None
+        return frame, problem
 
     # --- one connection --------------------------------------------------------------------------------------------
 
     def _handle(self, conn: ServerConnection) -> None:
+        with self._connections_lock:
+            self._connections += 1
+            full = self._connections > self.config.max_connections
+        try:
+            if full:
+                log.warning("connection refused: %d open connections (max_connections)", self._connections - 1)
+                conn.close(1013, "try_again_later")
+                return
+            self._handle_member(conn)
+        finally:
+            with self._connections_lock:
+                self._connections -= 1
+
+    def _handle_member(self, conn: ServerConnection) -> None:
         session: Session | None = None
         received: Any = None
         try:
@@ -308,11 +338,11 @@ class BrokerServer:
             raw = conn.recv(timeout=self.config.handshake_timeout_s)
         except TimeoutError as exc:
             raise _Refused("protocol_error", f"no {expected} within {self.config.handshake_timeout_s:g} s") from exc
-        frame = self._parse(raw)
+        frame, limited = self._parse(raw)
         if frame is None or frame["type"] != expected:
-            got = "an unparsable frame" if frame is None else f"a {frame['type']!r} frame"
+            got = "an unparsable frame" if frame is None else f"a {frame['type'][:32]!r} frame"
             raise _Refused("protocol_error", f"{got} before {expected}")
-        problem = self._problem(frame)
+        problem = limited or self._problem(frame)
         if problem is not None:
             raise _Refused("protocol_error", f"invalid {expected}: {problem}")
         return frame
@@ -371,16 +401,16 @@ class BrokerServer:
 
     def _serve(self, session: Session) -> None:
         for raw in session.conn:
-            frame = self._parse(raw)
+            frame, limited = self._parse(raw)
             if frame is None:
                 raise _Refused("protocol_error", "an unparsable frame")
             kind = frame["type"]
             if kind not in self._schemas:
                 raise _Refused("protocol_error", f"unknown frame type {kind[:32]!r}")
             if kind == "send":
-                self._on_send(session, frame)
+                self._on_send(session, frame, limited)
                 continue
-            problem = self._problem(frame)
+            problem = limited or self._problem(frame)
             if problem is not None:
                 session.send(error_frame("invalid_frame", f"{kind}: {problem}", frame.get("requestId")))
             elif kind in ("hello", "feature_negotiation_request"):
@@ -400,14 +430,14 @@ class BrokerServer:
 
     # --- send → ack ------------------------------------------------------------------------------------------------
 
-    def _on_send(self, session: Session, frame: dict[str, Any]) -> None:
-        problem = self._problem(frame)
+    def _on_send(self, session: Session, frame: dict[str, Any], limited: str | None = None) -> None:
+        problem = limited or self._problem(frame)
         if problem is None and frame["id"] != frame["client_message_id"]:
             problem = "id must equal client_message_id"
         if problem is not None:
             cmid = frame.get("client_message_id")
             if isinstance(cmid, str) and CLIENT_MESSAGE_ID.fullmatch(cmid):
-                self._reject_frame(session, frame, cmid, problem)
+                self._reject_frame(session, frame, cmid, problem[:MAX_DETAIL], "limits" if limited else "schema")
             else:
                 session.send(error_frame("invalid_frame", f"send without a usable client_message_id: {problem}"))
             return
@@ -427,9 +457,10 @@ class BrokerServer:
             self._sends.append((session, request))
             self._sends_ready.notify()
 
-    def _reject_frame(self, session: Session, frame: dict[str, Any], cmid: str, problem: str) -> None:
-        """B1 schema failure with a usable client_message_id: a 4xx ack, nothing written (BRK-B1-REJECT)."""
-        status, error = broker_accept.check_status("B1", "schema")
+    def _reject_frame(self, session: Session, frame: dict[str, Any], cmid: str, problem: str,
+                      check: str = "schema") -> None:
+        """B1 schema (or limits) failure with a usable client_message_id: a 4xx ack, nothing written (BRK-B1-REJECT)."""
+        status, error = broker_accept.check_status("B1", check)
         result = AcceptResult("BRK-B1-REJECT", status, {"client_message_id": cmid, "error": error, "detail": problem},
                               dict.fromkeys(EFFECTS, 0))
         claimed = frame.get("request_fingerprint")

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ._tables import DecisionTable, TableError, spec_table
+from .limits import limit
 
 STATES = ("pending", "inflight", "done", "dead", "aborted")
 TERMINAL = frozenset({"done", "dead", "aborted"})
@@ -66,6 +67,7 @@ class OutboxEvent:
     """An event for one row. Only the members the event's effects read need to be set.
 
     ``jitter_unit`` is a number in [-1, 1] the caller draws at random (the core has no random source).
+    ``retry_after_ms`` is the wait a transient ack asked for (E-42), if it named one.
     """
 
     name: str
@@ -74,6 +76,7 @@ class OutboxEvent:
     history_id: str | None = None
     error: str | None = None
     jitter_unit: float = 0.0
+    retry_after_ms: int | None = None
     actor: str = "operator"
     successor_id: str | None = None
     successor_client_message_id: str | None = None
@@ -101,6 +104,14 @@ def backoff_ms(attempts: int, policy: OutboxPolicy, jitter_unit: float = 0.0) ->
     capped = min(policy.retry_max_ms, raw)
     unit = max(-1.0, min(1.0, jitter_unit))
     return max(0, round(capped * (1 + policy.jitter * unit)))
+
+
+def retry_after_delay_ms(attempts: int, policy: OutboxPolicy, jitter_unit: float = 0.0,
+                         retry_after_ms: int | None = None) -> int:
+    """The wait after a transient ack (E-42): the backoff, or the broker's retry_after_ms when that is longer (cut to
+    retry_after_max_ms, spec/tables/limits.yaml)."""
+    asked = 0 if retry_after_ms is None else max(0, min(int(retry_after_ms), limit("retry_after_max_ms")))
+    return max(backoff_ms(attempts, policy, jitter_unit), asked)
 
 
 def new_row(
@@ -159,10 +170,13 @@ DATA_EFFECTS: dict[str, _DataEffect] = {
     "set_delivered_at": lambda row, ev, pol: replace(row, delivered_at=ev.now),
     "set_last_error": lambda row, ev, pol: replace(row, last_error=ev.error or ev.name),
     "set_last_error_max_age": lambda row, ev, pol: replace(row, last_error=MAX_AGE_ERROR),
-    "schedule_backoff": lambda row, ev, pol: replace(
-        row, next_attempt_at=ev.now + backoff_ms(row.attempts, pol, ev.jitter_unit)
+    "schedule_backoff": lambda row, ev, pol: replace(  # a 5xx ack may ask for a longer wait too (E-42)
+        row, next_attempt_at=ev.now + retry_after_delay_ms(row.attempts, pol, ev.jitter_unit, ev.retry_after_ms)
     ),
     "schedule_min_backoff": lambda row, ev, pol: replace(row, next_attempt_at=ev.now + pol.retry_base_ms),
+    "schedule_retry_after": lambda row, ev, pol: replace(
+        row, next_attempt_at=ev.now + retry_after_delay_ms(row.attempts, pol, ev.jitter_unit, ev.retry_after_ms)
+    ),
     "set_aborted_audit": lambda row, ev, pol: replace(
         row, aborted_at=ev.now, aborted_by=ev.actor, superseded_by=ev.successor_id
     ),

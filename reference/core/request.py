@@ -15,6 +15,7 @@ from typing import Any
 
 from .destination import DestinationError, parse_destination
 from .fingerprint import FingerprintInput, MetaError, meta_canonical, request_fingerprint
+from .limits import LimitExceeded, Unparsable, loads
 
 CLIENT_MESSAGE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:~-]{0,127}")
 BROKER_MESSAGE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
@@ -99,22 +100,13 @@ def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
-    """Strict JSON: UTF-8, one object, no duplicate keys, no NaN/Infinity."""
+    """Strict JSON: UTF-8, one object, no duplicate keys, no NaN/Infinity, within the JSON limits (E-40)."""
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise RequestError("invalid_json", f"body is not UTF-8: {exc.reason}") from exc
-
-    def refuse_constant(name: str) -> Any:
-        raise RequestError("invalid_json", f"{name} is not JSON")
-
-    try:
-        document = json.loads(text, object_pairs_hook=_reject_duplicate_keys, parse_constant=refuse_constant)
-    except json.JSONDecodeError as exc:
-        where = f"line {exc.lineno} column {exc.colno}"
-        raise RequestError("invalid_json", f"body is not JSON: {exc.msg} at {where}") from exc
-    except RecursionError as exc:
-        raise RequestError("invalid_json", "body nests too deeply") from exc
+        document = loads(raw, object_pairs_hook=_reject_duplicate_keys)
+    except Unparsable as exc:
+        raise RequestError("invalid_json", f"body: {exc}") from exc
+    except LimitExceeded as exc:
+        raise RequestError("limit_exceeded", f"body: {exc.detail} ({exc.limit})") from exc
     if not isinstance(document, dict):
         raise RequestError("invalid_request", "body must be a JSON object")
     return document

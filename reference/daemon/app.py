@@ -21,9 +21,11 @@ from ulid import ULID
 
 from reference.core import RequestError, SendRequest, parse_send
 from reference.core.destination import TOPIC_NAME
+from reference.core.limits import limit
 from spec import SPEC_VERSION, load_table
 
 from . import problems
+from .deadlines import peer_gone
 from .guard import BodyDrain, Guard, body_stream, transport_of
 from .link import BrokerTimeout, BrokerUnavailable
 from .problems import Problem
@@ -31,8 +33,8 @@ from .problems import Problem
 IPC_FEATURES = ["version", "health", "send", "inbox", "events", "peers", "profile", "outbox", "outbox_requeue",
                 "metrics", "compat"]
 SCHEMA_VERSION = 1
-PROFILE_LIMIT = 16 * 1024
-REQUEUE_LIMIT = 4 * 1024
+PROFILE_LIMIT = int(limit("ipc_profile_body_bytes"))
+REQUEUE_LIMIT = int(limit("ipc_requeue_body_bytes"))
 OUTBOX_STATUSES = ("pending", "inflight", "done", "dead", "aborted")
 ULID_TEXT = re.compile(r"[0-7][0-9A-HJKMNP-TV-Z]{25}")
 PROFILE_FIELDS = {"summary", "status", "visible", "avatar", "title", "bio", "capabilities"}
@@ -76,7 +78,9 @@ def _read_body(req: falcon.Request, limit: int) -> bytes:
 
 def _require_json(req: falcon.Request) -> None:
     content_type = (req.content_type or "").split(";", 1)[0].strip().lower()
-    if content_type and content_type != "application/json" and not content_type.endswith("+json"):
+    if not content_type:
+        raise Problem("unsupported_media_type", "the request has no Content-Type; send application/json (E-29)")
+    if content_type != "application/json" and not content_type.endswith("+json"):
         raise Problem("unsupported_media_type", f"content type {content_type!r} is not application/json")
 
 
@@ -140,6 +144,8 @@ class Health:
             "mesh": self.ctx.config["daemon"]["mesh"], "member_pubkey": self.ctx.member_pubkey,
             "uptime_s": round(self.ctx.clock() - self.ctx.started_at, 3), "schema_version": SCHEMA_VERSION,
             "daemon_version": SPEC_VERSION, "broker_version": state.broker_version, "pid": os.getpid(),
+            "link_restarts": getattr(state, "restarts", 0), "link_last_failure": getattr(state, "last_failure", None),
+            "quarantined": getattr(state, "quarantined", 0),
         })
 
 
@@ -178,8 +184,9 @@ class Send:
         except RequestError as exc:
             raise Problem(exc.code, exc.detail,
                           invalid_params=[{"name": n, "reason": r} for n, r in exc.invalid_params] or None) from exc
+        _check_carriable(request, self.ctx.link)
         cmid = request.client_message_id or self.ctx.mint_id()
-        request.fingerprint(), request.payload()  # computed here, in parallel, not on the one committer thread
+        request.fingerprint()  # computed here, in parallel, not on the one committer thread
         decision, _ = self.ctx.committer.submit((request, cmid, self.ctx.mint_id(), int(self.ctx.clock() * 1000)))
         if decision.is_conflict:
             extensions = {k: v for k, v in decision.body.items() if k != "error"}
@@ -188,6 +195,24 @@ class Send:
         if decision.insert:
             self.ctx.link.wake()
         _send_json(resp, decision.http_status, decision.body)
+
+
+def _check_carriable(request: Any, link: Any) -> None:
+    """413 at accept for a send the link could never carry (E-40): a stored payload past send_payload_max_bytes (it
+    would not fit in one frame), or a message past the negotiated max_payload.inline_bytes (the broker would refuse
+    it in B1). Unknown until the first negotiation: the broker's own B1 check then decides."""
+    payload = len(request.payload())
+    ceiling = int(limit("send_payload_max_bytes"))
+    if payload > ceiling:
+        raise Problem("payload_too_large", f"the send's stored payload is {payload} bytes; one link frame carries at "
+                      f"most {ceiling} (send_payload_max_bytes)")
+    negotiated = getattr(getattr(link, "state", None), "negotiated", None) or {}
+    inline = (negotiated.get("max_payload") or {}).get("inline_bytes")
+    if isinstance(inline, int) and len(request.message) > inline // 4:  # 4 bytes per character at most in UTF-8
+        size = len(request.message.encode("utf-8"))
+        if size > inline:
+            raise Problem("payload_too_large", f"the message is {size} bytes; the broker carries at most {inline} "
+                          "(max_payload.inline_bytes)")
 
 
 class Inbox:
@@ -266,7 +291,9 @@ class Events:
             if not re.fullmatch(r"[0-9]{1,18}", raw.strip()):
                 raise Problem("invalid_parameter", "Last-Event-ID must be a non-negative integer event id")
             last = int(raw.strip())
-        stream = self.ctx.events.open_stream(last)  # raises Problem too_many_streams
+        sock = req.env.get("gunicorn.socket")
+        stream = self.ctx.events.open_stream(last, transport=transport_of(req.env),
+                                             gone=lambda: peer_gone(sock))  # raises Problem too_many_streams
         self.guard.release(req)
         resp.status = 200
         resp.content_type = "text/event-stream; charset=utf-8"

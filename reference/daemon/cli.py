@@ -1,4 +1,5 @@
-"""`meshd` daemon commands: up, down, status, version, accept-host, outbox, send, install-service, uninstall-service.
+"""`meshd` daemon commands: up, down, status, version, accept-host, outbox, inbox, send, install-service,
+uninstall-service.
 
 Human output uses rich tables; every listing also has ``--json`` for scripts. Exit codes follow E-15.
 """
@@ -95,6 +96,9 @@ def cmd_up(args: argparse.Namespace, components: Components | None = None) -> in
     except PreflightError as exc:
         err.print(f"meshd: {exc}")
         return exc.code
+    except Exception as exc:  # never a traceback for a state directory meshd cannot use (E-15, E-44)
+        err.print(f"meshd: cannot start in {state_dir}: {type(exc).__name__}: {exc}")
+        return 1
     trace_dir = Path(config["trace"]["dir"]) if config["trace"]["dir"] else None
 
     def build():
@@ -111,7 +115,9 @@ def _detach(args: argparse.Namespace, state_dir: Path) -> int:
     argv = [sys.executable, "-m", "reference.cli", *[a for a in sys.argv[1:] if a != "--detach"]]
     if "--state-dir" not in argv:
         argv += ["--state-dir", str(state_dir)]
-    log = (state_dir / "daemon.log").open("ab")
+    from reference.sandbox import private_log
+
+    log = private_log(state_dir / "daemon.log")
     process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
@@ -248,6 +254,37 @@ def cmd_outbox_list(args: argparse.Namespace) -> int:
     for item in items:
         table.add_row(*(str(item[c] if item[c] is not None else "") for c in (
             "id", "client_message_id", "status", "attempts", "enqueued_at", "last_error", "superseded_by")))
+    console.print(table)
+    return 0
+
+
+def cmd_inbox_quarantine(args: argparse.Namespace) -> int:
+    """`meshd inbox quarantine`: the inbound frames the daemon could not take, newest first, with why (E-41)."""
+    from .store import InboxStore
+
+    state_dir = _state_dir(args)
+    if not (state_dir / "inbox.db").exists():
+        err.print(f"meshd: no inbox in {state_dir}")
+        return 1
+    store = InboxStore(state_dir / "inbox.db")  # WAL: reading beside a running daemon is safe
+    try:
+        records = [frame.as_dict() for frame in store.quarantined(limit=args.limit)]
+    finally:
+        store.close()
+    if not args.frames:
+        for record in records:
+            record["frame"] = record["frame"][:2048]
+    if args.json:
+        print(json.dumps(records, indent=2, ensure_ascii=False))
+        return 0
+    table = Table(title=f"quarantined inbound frames ({len(records)} shown)")
+    for column in ("id", "last_seen_at", "seen", "frame_type", "client_message_id", "acked", "frame_bytes", "reason"):
+        table.add_column(column)
+    for record in records:
+        seen_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(record["last_seen_at"] / 1000))
+        table.add_row(str(record["id"]), seen_at, str(record["seen"]), str(record["frame_type"] or ""),
+                      str(record["client_message_id"] or ""), "yes" if record["acked"] else "no",
+                      str(record["frame_bytes"]), record["reason"][:200])
     console.print(table)
     return 0
 
@@ -448,6 +485,15 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     fresh.add_argument("--auto", action="store_true", help="mint a ULID (the default)")
     requeue.add_argument("--json", action="store_true")
     requeue.set_defaults(func=cmd_outbox_requeue)
+
+    inbox = sub.add_parser("inbox", help="inspect the inbox")
+    inbox_sub = inbox.add_subparsers(dest="inbox_command", required=True)
+    quarantine = inbox_sub.add_parser("quarantine", help="inbound frames the daemon could not take, and why (E-41)")
+    _common(quarantine)
+    quarantine.add_argument("--limit", type=int, default=100)
+    quarantine.add_argument("--frames", action="store_true", help="print whole frames (default: the first 2 KiB)")
+    quarantine.add_argument("--json", action="store_true")
+    quarantine.set_defaults(func=cmd_inbox_quarantine)
 
     send = sub.add_parser("send", help="POST /v1/send through the running daemon")
     _common(send)

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reference.core.limits import limit, limits
+
 
 class ConfigError(ValueError):
     """The configuration cannot be used; the daemon exits 3 (E-15)."""
@@ -38,11 +40,21 @@ KEYS: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
         "http_bind": ("127.0.0.1", str, "TCP bind address; non-loopback needs allow_non_loopback = true"),
         "http_port": (0, int, "TCP port; 0 picks a free one and writes it to http.port"),
         "allow_non_loopback": (False, bool, "permit a non-loopback http_bind (not recommended)"),
-        "max_body_bytes": (1_048_576, int, "POST /v1/send body limit (413 above)"),
-        "max_inflight": (64, int, "requests in flight before 429 daemon_busy"),
-        "max_streams": (32, int, "concurrent /v1/events streams before 429 too_many_streams"),
+        "max_body_bytes": (limit("ipc_send_body_bytes"), int, "POST /v1/send body limit (413 above)"),
+        "max_inflight": (limit("ipc_inflight_per_transport"), int,
+                         "requests in flight on one transport before 429 daemon_busy"),
+        "max_streams": (limit("ipc_streams_per_transport"), int,
+                        "concurrent /v1/events streams on one transport before 429 too_many_streams"),
         "keepalive_s": (15.0, (int, float), "SSE keepalive comment interval"),
-        "threads": (128, int, "gunicorn gthread worker threads (must exceed max_inflight + max_streams)"),
+        "threads": (limit("ipc_threads_per_transport"), int,
+                    "request threads of each transport (must exceed max_inflight + max_streams)"),
+        "max_connections": (limit("ipc_connections_per_transport"), int,
+                            "open connections on one transport; more are closed at once"),
+        "header_read_s": (limit("ipc_header_read_s"), (int, float),
+                          "a request head must arrive within this of its first byte (408 request_timeout)"),
+        "body_read_s": (limit("ipc_body_read_s"), (int, float),
+                        "a request body must arrive within this of its head (408 request_timeout)"),
+        "write_s": (limit("ipc_write_s"), (int, float), "longest wait on a client that does not read an answer"),
     },
     "outbox": {
         "max_age_hours": (168, int, "permanent-mode max age (capped at 720); retention_scoped mode derives it (§4.9)"),
@@ -138,16 +150,50 @@ def _validate(values: dict[str, dict[str, Any]]) -> None:
         raise ConfigError("outbox.synchronous must be FULL or EXTRA (a 202 follows an fsync of its row)")
     if values["daemon"]["log_level"] not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError("daemon.log_level must be DEBUG, INFO, WARNING or ERROR")
-    for key in ("max_body_bytes", "max_inflight", "max_streams", "retry_base_ms", "retry_max_ms"):
+    for key in ("max_body_bytes", "max_inflight", "max_streams", "max_connections", "retry_base_ms", "retry_max_ms"):
         section = "ipc" if key.startswith("max_") else "outbox"
         if values[section][key] < 1:
             raise ConfigError(f"{section}.{key} must be at least 1")
+    for key in ("header_read_s", "body_read_s", "write_s"):
+        if not 0 < ipc[key] <= 600:
+            raise ConfigError(f"ipc.{key} must be more than 0 and at most 600 seconds")
 
 
 def markdown_table() -> str:
-    """The configuration reference, for the README."""
+    """The configuration reference, for the README: every key, then every limit of spec/tables/limits.yaml that no
+    key sets (fixed by the spec; E-40)."""
+    from spec import load_table
+
+    table = load_table("limits")["limits"]
+    configured = {entry["config"]: name for name, entry in table.items() if "config" in entry}
     lines = ["| key | default | meaning |", "|---|---|---|"]
     for section, keys in KEYS.items():
         for key, (default, _, text) in keys.items():
-            lines.append(f"| `{section}.{key}` | `{default!r}` | {text} |")
+            source = configured.get(f"{section}.{key}")
+            note = f" (limits.yaml `{source}`)" if source else ""
+            lines.append(f"| `{section}.{key}` | `{default!r}` | {text}{note} |")
+    for name, entry in table.items():
+        if "config" in entry:
+            continue
+        text = " ".join(entry["description"].split())
+        lines.append(f"| `limits.{name}` | `{limits()[name]!r}` {entry['unit']} | fixed by the spec: {text} |")
     return "\n".join(lines)
+
+
+def regenerate_readme(readme: Path) -> bool:
+    """Rewrite the README's configuration table (between its GENERATED markers); True when it changed."""
+    text = readme.read_text(encoding="utf-8")
+    begin, end = "<!-- BEGIN GENERATED: config -->\n", "\n<!-- END GENERATED: config -->"
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    updated = f"{head}{begin}{markdown_table()}{end}{tail}"
+    if updated != text:
+        readme.write_text(updated, encoding="utf-8")
+    return updated != text
+
+
+if __name__ == "__main__":  # python -m reference.daemon.config [README.md]
+    import sys
+
+    target = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[2] / "README.md"
+    print(f"{target}: {'regenerated' if regenerate_readme(target) else 'already current'}")

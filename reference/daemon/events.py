@@ -2,8 +2,10 @@
 
 ``publish`` appends the event to inbox.db (its id is the SSE id) and wakes every open stream; a stream replays what
 it missed from the table, so a client that reconnects with Last-Event-ID sees every retained event after it, in
-order, at least once. Streams count against ``max_streams`` (429 too_many_streams above it), not against the
-request in-flight cap.
+order, at least once. Streams count against ``max_streams`` of their own transport (429 too_many_streams above it),
+not against the request in-flight cap. A stream whose client has gone frees its slot at once (E-43): each stream
+carries a ``gone()`` probe of its connection; a stream looks at it whenever it wakes (at least once a second), and
+a new stream that finds its transport full reclaims the slots of the gone ones before it answers 429.
 """
 
 from __future__ import annotations
@@ -11,10 +13,13 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from .problems import Problem
+
+#: the longest an idle stream waits before it looks at its connection again
+WAKE_S = 1.0
 
 
 class EventBus:
@@ -28,7 +33,7 @@ class EventBus:
         self.trace = trace
         self.batch = batch
         self._cond = threading.Condition()
-        self._streams = 0
+        self._open: dict[str, dict[object, Callable[[], bool]]] = {}  # transport -> stream token -> gone()
         self._closed = False
 
     def publish(self, name: str, payload: dict[str, Any]) -> int:
@@ -51,20 +56,44 @@ class EventBus:
 
     @property
     def streams(self) -> int:
-        return self._streams
+        return sum(len(streams) for streams in self._open.values())
 
-    def open_stream(self, last_event_id: int | None) -> Iterator[bytes]:
-        """Reserve a stream slot and return its body iterator (raises Problem too_many_streams)."""
+    def open_stream(self, last_event_id: int | None, transport: str = "unix",
+                    gone: Callable[[], bool] | None = None) -> Iterator[bytes]:
+        """Reserve a stream slot of ``transport`` and return its body iterator (raises Problem too_many_streams).
+
+        ``gone()`` says whether the stream's client has disconnected; its slot is then freed without waiting for a
+        write to fail.
+        """
+        token = object()
         with self._cond:
-            if self._streams >= self.max_streams:
-                problem = Problem("too_many_streams", f"at most {self.max_streams} event streams at once")
+            streams = self._open.setdefault(transport, {})
+            if len(streams) >= self.max_streams:
+                for other, probe in list(streams.items()):
+                    if _gone(probe):
+                        del streams[other]  # the stream notices on its next wake and ends
+                self._cond.notify_all()
+            if len(streams) >= self.max_streams:
+                problem = Problem("too_many_streams", f"at most {self.max_streams} event streams at once over "
+                                  f"{transport}")
                 problem.headers["Retry-After"] = "5"
                 raise problem
-            self._streams += 1
+            streams[token] = gone or _never
         start = self.inbox.last_event_id() if last_event_id is None else last_event_id
-        return self._stream(start, last_event_id is not None)
+        return self._stream(start, last_event_id is not None, transport, token)
 
-    def _stream(self, after: int, replaying: bool) -> Iterator[bytes]:
+    def _holds(self, transport: str, token: object) -> bool:
+        """Whether the stream still holds its slot: its client is there and nobody reclaimed it."""
+        probe = self._open.get(transport, {}).get(token)
+        if probe is None:
+            return False
+        if _gone(probe):
+            with self._cond:
+                self._open[transport].pop(token, None)
+            return False
+        return True
+
+    def _stream(self, after: int, replaying: bool, transport: str = "unix", token: object = None) -> Iterator[bytes]:
         try:
             yield b": connected\n\n"
             if replaying:
@@ -76,7 +105,7 @@ class EventBus:
                     yield format_event(None, "replay_gap", gap)
             cursor = after
             last_write = time.monotonic()
-            while not self._closed:
+            while not self._closed and self._holds(transport, token):
                 rows = self.inbox.events_after(cursor, self.batch)
                 if rows:
                     for event in rows:
@@ -89,13 +118,24 @@ class EventBus:
                         break
                     wait = self.keepalive_s - (time.monotonic() - last_write)
                     if wait > 0:
-                        self._cond.wait(timeout=min(wait, 1.0))
+                        self._cond.wait(timeout=min(wait, WAKE_S))
                 if time.monotonic() - last_write >= self.keepalive_s:
                     yield b": keepalive\n\n"
                     last_write = time.monotonic()
         finally:
             with self._cond:
-                self._streams -= 1
+                self._open.get(transport, {}).pop(token, None)
+
+
+def _never() -> bool:
+    return False
+
+
+def _gone(probe: Callable[[], bool]) -> bool:
+    try:
+        return bool(probe())
+    except Exception:  # a probe that fails cannot tell: the stream keeps its slot
+        return False
 
 
 def format_event(event_id: int | None, name: str, payload: dict[str, Any] | str) -> bytes:

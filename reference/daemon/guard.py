@@ -3,7 +3,8 @@
 Order of checks: Host over TCP (403 forbidden_host), Origin (403 forbidden_origin), token in the query string (400
 token_in_query), bearer token over TCP (401, compared in constant time), then the in-flight cap (429 daemon_busy).
 Requests over the unix socket skip the Host and bearer checks (E-27): no browser can reach a unix socket, its 0600
-mode is the gate, and unix-socket clients put arbitrary names in Host.
+mode is the gate, and unix-socket clients put arbitrary names in Host. The in-flight cap is counted per transport
+(E-43): requests held up on TCP never make the unix socket answer 429.
 """
 
 from __future__ import annotations
@@ -14,7 +15,11 @@ import threading
 import time
 
 import falcon
+from gunicorn.http.errors import ParseException
 
+from reference.core.limits import limit
+
+from .deadlines import DeadlineSocket, ReadTimeout
 from .problems import Problem
 
 log = logging.getLogger("meshd.ipc")
@@ -22,8 +27,9 @@ LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 QUERY_TOKEN_NAMES = frozenset({"token", "access_token", "local_token"})
 UNIX = "unix"
 TCP = "tcp"
-DRAIN_MAX_BYTES = 16 * 1024 * 1024
-DRAIN_MAX_S = 5.0
+DRAIN_MAX_BYTES = int(limit("ipc_drain_bytes"))
+DRAIN_MAX_S = float(limit("ipc_drain_s"))
+DRAIN_IDLE_S = float(limit("ipc_drain_idle_s"))
 
 
 def transport_of(env: dict) -> str:
@@ -58,7 +64,7 @@ class Guard:
     def __init__(self, token: str, max_inflight: int, public_paths: frozenset[str] = frozenset()):
         self._token = token.encode()
         self._max_inflight = max_inflight
-        self._inflight = 0
+        self._inflight = {UNIX: 0, TCP: 0}
         self._lock = threading.Lock()
         self._public_paths = public_paths
 
@@ -80,13 +86,14 @@ class Guard:
             raise problem
 
     def process_resource(self, req: falcon.Request, resp: falcon.Response, resource, params) -> None:
+        transport = transport_of(req.env)
         with self._lock:
-            if self._inflight >= self._max_inflight:
-                problem = Problem("daemon_busy", f"more than {self._max_inflight} requests in flight")
+            if self._inflight[transport] >= self._max_inflight:
+                problem = Problem("daemon_busy", f"more than {self._max_inflight} requests in flight over {transport}")
                 problem.headers["Retry-After"] = "1"
                 raise problem
-            self._inflight += 1
-            req.context.counted = True
+            self._inflight[transport] += 1
+            req.context.counted = transport
 
     def _check_bearer(self, header: str | None) -> None:
         scheme, _, presented = (header or "").partition(" ")
@@ -104,10 +111,11 @@ class Guard:
 
     def release(self, req: falcon.Request) -> None:
         """Free the request's in-flight slot (idempotent)."""
-        if getattr(req.context, "counted", False):
+        transport = getattr(req.context, "counted", False)
+        if transport:
             req.context.counted = False
             with self._lock:
-                self._inflight -= 1
+                self._inflight[transport] -= 1
 
     def process_response(self, req: falcon.Request, resp: falcon.Response, resource, req_succeeded: bool) -> None:
         # An event stream has already released its slot (it counts against max_streams instead); release is idempotent.
@@ -115,7 +123,7 @@ class Guard:
 
     @property
     def inflight(self) -> int:
-        return self._inflight
+        return sum(self._inflight.values())
 
 
 def body_stream(req: falcon.Request):
@@ -134,8 +142,10 @@ class BodyDrain:
 
     An answer given before the body was read (413, 415, 401, 429, ...) would otherwise leave the body on the socket,
     the server would close on it, and the client, still writing, could lose the answer to a reset (RFC 9112 §9.6).
-    Bodies past ``DRAIN_MAX_BYTES`` (or still arriving after ``DRAIN_MAX_S``) are not waited for: the answer says
-    ``Connection: close`` instead (E-34).
+    The drain reads while the body keeps coming: it stops past ``DRAIN_MAX_BYTES``, after ``DRAIN_MAX_S`` in all, or
+    when no byte has come for ``DRAIN_IDLE_S`` (E-34, E-43) -- these hold while a read blocks, through the
+    connection's ``DeadlineSocket`` -- and the answer then says ``Connection: close`` (the server half-closes and
+    lingers off the request thread, so the answer still reaches the client).
     """
 
     def process_response(self, req: falcon.Request, resp: falcon.Response, resource, req_succeeded: bool) -> None:
@@ -148,13 +158,20 @@ class BodyDrain:
         stream = body_stream(req)
         if length is not None and stream.eof:
             return
-        drained, deadline = 0, time.monotonic() + DRAIN_MAX_S
-        while drained <= DRAIN_MAX_BYTES and time.monotonic() < deadline:
-            try:
+        sock = req.env.get("gunicorn.socket")
+        bounded = isinstance(sock, DeadlineSocket)
+        end = time.monotonic() + DRAIN_MAX_S
+        if bounded and sock.deadline is not None:
+            end = min(end, sock.deadline)
+        drained = 0
+        try:
+            while drained <= DRAIN_MAX_BYTES and time.monotonic() < end:
+                if bounded:
+                    sock.until(min(end, time.monotonic() + DRAIN_IDLE_S))
                 chunk = stream.read(64 * 1024)
-            except (OSError, ValueError):  # the client went away or sent a broken chunk
-                break
-            if not chunk:
-                return
-            drained += len(chunk)
+                if not chunk:
+                    return
+                drained += len(chunk)
+        except (OSError, ValueError, ReadTimeout, ParseException):  # gone, stalled, or a broken chunk
+            pass
         resp.set_header("Connection", "close")

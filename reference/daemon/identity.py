@@ -147,13 +147,30 @@ class Keypair:
         return self.private.sign(data).hex()
 
 
+class IdentityUnreadable(ValueError):
+    """keypair.json or local_token exists but cannot be used; the daemon refuses to start (exit 3, E-44) rather than
+    mint a new identity over it (the member's key is never replaced behind the operator's back)."""
+
+
 def load_or_mint_keypair(state_dir: Path) -> tuple[Keypair, bool]:
-    """Load keypair.json, or mint one (0600) on first start. Returns (keypair, minted)."""
+    """Load keypair.json, or mint one (0600) on first start. Returns (keypair, minted).
+
+    Raises:
+        IdentityUnreadable: the file exists but is not a keypair this daemon wrote.
+    """
     path = state_dir / KEYPAIR_FILE
     if path.exists():
-        document = json.loads(path.read_text(encoding="utf-8"))
-        seed = bytes.fromhex(document["ed25519_seed"])
-        return Keypair(Ed25519PrivateKey.from_private_bytes(seed)), False
+        try:
+            document = json.loads(path.read_text(encoding="utf-8"))
+            seed = bytes.fromhex(document["ed25519_seed"])
+            keypair = Keypair(Ed25519PrivateKey.from_private_bytes(seed))
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+            raise IdentityUnreadable(
+                f"{path} is unreadable ({type(exc).__name__}: {exc}); it holds this member's identity, so meshd will "
+                "not replace it: restore it from a backup, or move it aside to mint a new member key") from exc
+        if document.get("ed25519_pubkey") not in (None, keypair.public_hex):
+            raise IdentityUnreadable(f"{path}: ed25519_pubkey does not belong to ed25519_seed; restore the file")
+        return keypair, False
     private = Ed25519PrivateKey.generate()
     seed = private.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
     keypair = Keypair(private)
@@ -166,7 +183,11 @@ def load_or_mint_token(state_dir: Path) -> str:
     """The local IPC token: 32 random bytes, base64url without padding, in local_token (0600)."""
     path = state_dir / TOKEN_FILE
     if path.exists():
-        token = path.read_text(encoding="ascii").strip()
+        try:
+            token = path.read_text(encoding="ascii").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise IdentityUnreadable(f"{path} is unreadable ({type(exc).__name__}: {exc}); remove it to mint a new "
+                                     "token (clients must then read the new one)") from exc
         if token:
             return token
     token = base64.urlsafe_b64encode(secrets.token_bytes(32)).rstrip(b"=").decode("ascii")

@@ -14,11 +14,24 @@ fatal (exit 10). Once open, one loop does everything, so no lock guards the sock
 
 When the socket drops, every row this process dispatched and has not heard back about returns to ``pending``
 (``link_lost``) and the thread reconnects with exponential backoff and jitter.
+
+Hostile or broken input (E-40, E-41, E-42). Every inbound message is parsed with the JSON limits of
+spec/tables/limits.yaml and checked against its schema; a message larger than ``link_frame_max_bytes`` is read and
+dropped without being held. A message the daemon cannot take -- unparsable, past a limit, schema-invalid, or one whose
+handling raised anything but a store error -- is *quarantined* (kept in inbox.db with its reason, counted in
+``cm_daemon_invalid_inbound_total``) and, when it is a push that names its delivery, acknowledged with
+``client_ack`` after the quarantine row has committed, so the broker stops redelivering it; the link carries on. A
+store error is a link loss (the frame is fine: its redelivery will be taken). Transient acks (429, 408, 425) return
+the row to pending after the broker's ``retry_after_ms`` at least. A 1009 close (message too big) marks the largest
+frame in flight dead instead of resending it for ever. And if anything escapes all that, the thread's supervisor
+logs it, counts a restart (``/v1/health`` ``link_restarts``) and runs the link again; a watchdog restarts the thread
+itself should it ever end while the daemon runs.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -36,12 +49,14 @@ from typing import Any
 
 import websocket
 
-from reference.core import OutboxEvent, TransitionError, maxage, negotiate
+from reference.core import OutboxEvent, TransitionError, is_client_message_id, maxage, negotiate
 from reference.core.features import CloseReason
-from reference.core.request import load_payload
+from reference.core.limits import LimitExceeded, Unparsable, limit, loads
+from reference.core.request import BROKER_MESSAGE_ID, load_payload
 from spec import SPEC_VERSION, fast_validator
 
 from .identity import Keypair, hello_signature_payload
+from .store import StoreError
 
 log = logging.getLogger("meshd.link")
 CLOSE_FEATURE_UNAVAILABLE = 4010
@@ -49,6 +64,16 @@ EXIT_NEGOTIATION = 10
 EXIT_CONFIG = 3
 DISPATCH_BATCH = 256  # due rows claimed per drain transaction
 MAX_FRAMES_PER_TURN = 256  # inbound frames read before the loop drains and checks timeouts again
+#: broker ack statuses that ask for the same send again later (E-42); every other 4xx is a permanent refusal
+RETRY_LATER_STATUSES = frozenset({408, 425, 429})
+#: RFC 6455 1009: the peer closed because a message was too big for it
+CLOSE_MESSAGE_TOO_BIG = 1009
+#: bytes of a too-large inbound message kept in quarantine
+QUARANTINE_PREFIX_BYTES = 65_536
+#: the longest the watchdog and the supervisor wait before running a failed link again
+RESTART_DELAY_S = 1.0
+#: failures that are not the frame's fault: the link is lost and reconnects (the frame, redelivered, is taken then)
+LINK_LOSSES = (sqlite3.Error, StoreError, OSError, websocket.WebSocketException, TimeoutError)
 
 
 class BrokerUnavailable(Exception):
@@ -57,6 +82,70 @@ class BrokerUnavailable(Exception):
 
 class BrokerTimeout(Exception):
     """The broker did not answer in time."""
+
+
+class BrokerClosed(websocket.WebSocketConnectionClosedException):
+    """The broker closed the link; ``code`` is its close code (None when the close frame had none)."""
+
+    def __init__(self, code: int | None, reason: str):
+        super().__init__(f"the broker closed the link ({code} {reason})".strip())
+        self.code = code
+        self.reason = reason
+
+
+class FrameTooLarge(Exception):
+    """An inbound WebSocket message is past ``link_frame_max_bytes``; its frame's header has been read, not its data."""
+
+    def __init__(self, size: int, first: bool):
+        super().__init__(f"an inbound message of at least {size} bytes is past link_frame_max_bytes "
+                         f"({limit('link_frame_max_bytes')})")
+        self.size = size
+        self.first = first  # the frame that made the message too large (later fragments are dropped silently)
+
+
+class _BoundedFrames(websocket._abnf.frame_buffer):
+    """websocket-client's frame reader, refusing a message past ``link_frame_max_bytes`` before reading its data."""
+
+    def __init__(self, recv_fn: Callable[[int], bytes], skip_utf8_validation: bool):
+        super().__init__(recv_fn, skip_utf8_validation)
+        self.limit = int(limit("link_frame_max_bytes"))
+        self._message = 0  # data bytes of the message being received so far
+        self._dropping = False  # the rest of a message already found too large
+
+    def recv_length(self) -> None:
+        super().recv_length()
+        opcode, fin = self.header[4], self.header[0]
+        if opcode in (websocket.ABNF.OPCODE_TEXT, websocket.ABNF.OPCODE_BINARY):
+            self._message, self._dropping = 0, False
+        if opcode in (websocket.ABNF.OPCODE_TEXT, websocket.ABNF.OPCODE_BINARY, websocket.ABNF.OPCODE_CONT):
+            self._message += self.length
+            if self._dropping or self._message > self.limit:
+                first = not self._dropping
+                self._dropping = not fin
+                raise FrameTooLarge(self._message, first)
+
+    def drop(self, keep: int) -> bytes:
+        """Read and drop the data of the frame whose header raised ``FrameTooLarge``; returns its first bytes."""
+        with self.lock:
+            if self.needs_mask():
+                self.recv_mask()
+            remaining, kept = self.length or 0, []
+            while remaining:
+                chunk = self.recv_strict(min(65_536, remaining))
+                remaining -= len(chunk)
+                if keep > 0:
+                    kept.append(chunk[:keep])
+                    keep -= len(kept[-1])
+            self.clear()
+        return b"".join(kept)
+
+
+class _LinkSocket(websocket.WebSocket):
+    """The link's WebSocket: frames past the limit are refused by their header (``_BoundedFrames``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.frame_buffer = _BoundedFrames(self._recv, kwargs.get("skip_utf8_validation", False))
 
 
 class Fatal(Exception):
@@ -79,10 +168,13 @@ class LinkState:
     reconnects: int = 0
     last_ack_ms: int | None = None
     lag_ms: int | None = None
+    restarts: int = 0  # the link failed unexpectedly and was run again (E-41)
+    last_failure: str | None = None
+    quarantined: int = 0  # frames in quarantine (E-41)
 
 
 def ack_event(frame: dict[str, Any]) -> tuple[str, str | None]:
-    """The outbox event for an ack frame (E-10), and the error text a dead or retried row records."""
+    """The outbox event for an ack frame (E-10, E-42), and the error text a dead or retried row records."""
     status = frame.get("status")
     if not isinstance(status, int) or isinstance(status, bool):
         return "ack_failed", "ack without a valid status (E-10)"
@@ -98,13 +190,19 @@ def ack_event(frame: dict[str, Any]) -> tuple[str, str | None]:
     text = f"{status} {frame.get('error', 'error')}"
     if frame.get("detail"):
         text += f": {frame['detail']}"
+    if status in RETRY_LATER_STATUSES:
+        return "ack_retry_later", text
     if 400 <= status < 500:
         return "ack_rejected", text
     return "ack_failed", text
 
 
-class BrokerLink(threading.Thread):
-    """The broker link thread. ``publish(event, payload)`` delivers SSE events; ``on_fatal(code, reason)`` stops."""
+class BrokerLink:
+    """The broker link and its thread. ``publish(event, payload)`` delivers SSE events; ``on_fatal(code, why)`` stops.
+
+    ``start``, ``join`` and ``is_alive`` are those of its thread; ``watch()`` (the runtime's watchdog) starts a new
+    thread should the current one have ended while the daemon runs.
+    """
 
     def __init__(
         self,
@@ -121,7 +219,6 @@ class BrokerLink(threading.Thread):
         rng: random.Random | None = None,
         tick_s: float = 0.02,
     ):
-        super().__init__(name="meshd-broker-link", daemon=True)
         self.config = config
         self.keypair = keypair
         self.outbox = outbox
@@ -146,6 +243,43 @@ class BrokerLink(threading.Thread):
         self._frame_check = fast_validator("broker/frame#/$defs/broker_to_daemon")
         self._request_seq = 0
         self._request_lock = threading.Lock()
+        self._frame_bytes: dict[str, int] = {}  # client_message_id -> size of the frame in flight (1009 closes)
+        self._thread = self._new_thread()
+        self._fatal = False
+        self._watch_lock = threading.Lock()
+
+    # --- the thread and its supervision (E-41) ------------------------------------------------------------------
+    def _new_thread(self) -> threading.Thread:
+        return threading.Thread(target=self.run, name="meshd-broker-link", daemon=True)
+
+    @property
+    def name(self) -> str:
+        return self._thread.name
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def watch(self) -> bool:
+        """Start a new link thread if the current one has ended although the daemon runs; True when it did."""
+        with self._watch_lock:
+            if self._stopping.is_set() or self._fatal or self._thread.is_alive() or self._thread.ident is None:
+                return False
+            self._failed("the broker-link thread ended")
+            self._thread = self._new_thread()
+            self._thread.start()
+            return True
+
+    def _failed(self, what: str) -> None:
+        self.state.restarts += 1
+        self.state.last_failure = what[:500]
+        self._count("link_restarts_total")
+        log.error("broker_link_restarted restarts=%d failure=%s", self.state.restarts, what)
 
     # --- called from IPC threads ---------------------------------------------------------------------------
     def wake(self) -> None:
@@ -195,6 +329,21 @@ class BrokerLink(threading.Thread):
 
     # --- the thread ----------------------------------------------------------------------------------------
     def run(self) -> None:
+        """The thread: the link, run again after any failure it did not handle itself, until the daemon stops."""
+        while not self._stopping.is_set():
+            try:
+                self._run()
+                return
+            except BaseException as exc:
+                with contextlib.suppress(BaseException):
+                    log.exception("the broker link failed unexpectedly; running it again")
+                    self._failed(f"{type(exc).__name__}: {exc}")
+                    self._fail_pending_requests()
+                    self.state.status = "connecting"
+                    self._count("connected", 0)
+            self._stopping.wait(RESTART_DELAY_S)
+
+    def _run(self) -> None:
         attempt = 0
         while not self._stopping.is_set():
             ws = None
@@ -211,8 +360,16 @@ class BrokerLink(threading.Thread):
                 self._serve(ws)
             except Fatal as fatal:
                 self.state.status = "closed"
+                self._fatal = True
                 self.on_fatal(fatal.code, fatal.reason)
                 return
+            except BrokerClosed as closed:
+                log.warning("broker_status status=closed code=%s reason=%s", closed.code, closed.reason)
+                if closed.code == CLOSE_MESSAGE_TOO_BIG:
+                    self._refuse_largest_in_flight()
+                if self.state.status == "open":
+                    self.publish("daemon_disconnect", {"mesh": self.mesh, "reason": str(closed), "code": closed.code,
+                                                       "ts": _now_iso()})
             except (OSError, websocket.WebSocketException, ValueError, TimeoutError, sqlite3.Error) as exc:
                 # A store error while serving (e.g. disk I/O during a batch of acks) is a link loss too: the rows
                 # it left inflight go back to pending below, and the link reconnects with backoff.
@@ -244,9 +401,9 @@ class BrokerLink(threading.Thread):
             raise ValueError("broker.url is not configured")
         timeout = float(self.config["broker"]["hello_timeout_s"])
         # skip_utf8_validation: websocket-client's own check walks every byte in Python (~100 us per ack frame). Text
-        # frames are still refused unless they are UTF-8: recv() decodes them strictly, and the UnicodeDecodeError
-        # (a ValueError) ends the connection in run() exactly as the validator's WebSocketPayloadException did.
-        return websocket.create_connection(url, timeout=timeout, enable_multithread=False, skip_utf8_validation=True)
+        # frames are still refused unless they are UTF-8: _parse decodes them strictly and quarantines what is not.
+        return websocket.create_connection(url, timeout=timeout, enable_multithread=False, skip_utf8_validation=True,
+                                           class_=_LinkSocket)
 
     def _handshake(self, ws: websocket.WebSocket) -> None:
         timestamp = int(self.clock() * 1000)
@@ -299,7 +456,7 @@ class BrokerLink(threading.Thread):
         while time.monotonic() < deadline:
             ws.settimeout(max(0.01, deadline - time.monotonic()))
             try:
-                frame = self._parse(ws.recv())
+                frame = self._parse(ws, self._receive(ws))
             except websocket.WebSocketTimeoutException:
                 break
             if frame is None:
@@ -319,64 +476,135 @@ class BrokerLink(threading.Thread):
                 self._drain(ws)
             self._check_timeouts()
             try:
-                raw = ws.recv()
+                raw = self._receive(ws)
             except websocket.WebSocketTimeoutException:
                 continue
             # Frames are handled in arrival order; a run of consecutive acks is applied in one transaction.
-            acks: list[dict[str, Any]] = []
+            acks: list[tuple[dict[str, Any], Any]] = []
             for index in range(MAX_FRAMES_PER_TURN):
                 if index and not _readable(ws):
                     break
-                frame = self._parse(raw if index == 0 else ws.recv())
+                if index:
+                    raw = self._receive(ws)
+                frame = self._parse(ws, raw)
                 if frame is None:
                     continue
                 if frame.get("type") == "ack":
-                    acks.append(frame)
+                    acks.append((frame, raw))
                     continue
-                self._on_acks(acks)
+                self._take_acks(ws, acks)
                 acks = []
-                self._handle(ws, frame)
-            self._on_acks(acks)
+                self._take(ws, frame, raw)
+            self._take_acks(ws, acks)
 
     # --- frames --------------------------------------------------------------------------------------------
     def _send(self, ws: websocket.WebSocket, frame: dict[str, Any]) -> None:
         ws.send(json.dumps(frame, separators=(",", ":"), ensure_ascii=False))
 
-    def _send_many(self, ws: websocket.WebSocket, frames: list[dict[str, Any]]) -> None:
+    def _send_many(self, ws: websocket.WebSocket, texts: list[str]) -> None:
         """Send text frames (each masked by websocket-client, as ``ws.send`` would) in one write, not one each."""
-        data = b"".join(websocket.ABNF.create_frame(json.dumps(frame, separators=(",", ":"), ensure_ascii=False),
-                                                    websocket.ABNF.OPCODE_TEXT).format() for frame in frames)
+        data = b"".join(websocket.ABNF.create_frame(text, websocket.ABNF.OPCODE_TEXT).format() for text in texts)
         ws.sock.settimeout(float(self.config["broker"]["request_timeout_s"]))  # a whole batch, not one recv tick
         try:
             ws.sock.sendall(data)
         finally:
             ws.sock.settimeout(self.tick_s)
 
-    def _parse(self, raw: Any) -> dict[str, Any] | None:
-        if isinstance(raw, bytes):
-            raw = raw.decode("utf-8", errors="replace")
-        if not raw:
-            raise websocket.WebSocketConnectionClosedException("connection closed by the broker")
+    def _receive(self, ws: websocket.WebSocket) -> bytes | str | None:
+        """The next inbound message's data; None when it was dropped into quarantine (too large, or binary).
+
+        Raises:
+            BrokerClosed: the broker's close frame (with its code).
+            websocket.WebSocketTimeoutException: nothing within the socket's timeout.
+        """
         try:
-            frame = json.loads(raw)
-        except json.JSONDecodeError:
-            self._invalid("unparsable frame")
+            opcode, data = ws.recv_data()
+        except FrameTooLarge as too_large:
+            previous = ws.gettimeout()
+            ws.settimeout(float(self.config["broker"]["request_timeout_s"]))  # the rest of it, not one tick
+            try:
+                prefix = ws.frame_buffer.drop(QUARANTINE_PREFIX_BYTES)
+            finally:
+                ws.settimeout(previous)
+            ws.cont_frame = websocket._abnf.continuous_frame(False, True)  # forget any part received before
+            if too_large.first:
+                self._quarantine(ws, prefix, str(too_large), size=too_large.size)
+            return None
+        if opcode == websocket.ABNF.OPCODE_CLOSE:
+            code = int.from_bytes(data[:2], "big") if len(data) >= 2 else None
+            raise BrokerClosed(code, bytes(data[2:]).decode("utf-8", errors="replace"))
+        if opcode == websocket.ABNF.OPCODE_BINARY:
+            self._quarantine(ws, data, "a binary message (the link carries JSON text)")
+            return None
+        return data
+
+    def _parse(self, ws: websocket.WebSocket, raw: bytes | str | None) -> dict[str, Any] | None:
+        """The frame, checked against the JSON limits and its schema; None (quarantined) when it cannot be taken.
+
+        An ack that fails its schema but names a client_message_id is quarantined *and* returned, marked
+        ``_invalid``: its row gets ack_failed (E-10).
+        """
+        if raw is None:
+            return None
+        try:
+            frame = loads(raw)
+        except Unparsable as exc:
+            self._quarantine(ws, raw, f"unparsable: {exc}")
+            return None
+        except LimitExceeded as exc:
+            self._quarantine(ws, raw, f"{exc.limit}: {exc.detail}", document=exc.document)
             return None
         if not isinstance(frame, dict):
-            self._invalid("frame is not an object")
+            self._quarantine(ws, raw, "the frame is not a JSON object")
             return None
         errors = list(self._frame_check.iter_errors(frame))
         if errors:
+            reason = f"{str(frame.get('type'))[:64]!r} frame: {errors[0].message}"[:1000]
+            self._quarantine(ws, raw, reason, document=frame)
             if frame.get("type") == "ack" and isinstance(frame.get("client_message_id") or frame.get("id"), str):
-                frame["_invalid"] = errors[0].message
+                frame["_invalid"] = errors[0].message[:500]
                 return frame
-            self._invalid(f"{frame.get('type')!r} frame: {errors[0].message}")
             return None
         return frame
 
-    def _invalid(self, what: str) -> None:
-        log.warning("invalid_inbound %s", what)
+    def _take(self, ws: websocket.WebSocket, frame: dict[str, Any], raw: Any) -> None:
+        """Handle one valid frame; a failure that is not the store's or the socket's quarantines it (E-41)."""
+        try:
+            self._handle(ws, frame)
+        except LINK_LOSSES:
+            raise
+        except Exception as exc:
+            self._quarantine(ws, raw, f"handling failed: {type(exc).__name__}: {exc}"[:1000], document=frame)
+
+    def _take_acks(self, ws: websocket.WebSocket, acks: list[tuple[dict[str, Any], Any]]) -> None:
+        try:
+            self._on_acks([frame for frame, _ in acks])
+        except LINK_LOSSES:
+            raise
+        except Exception as exc:  # their rows keep their ack deadlines: they are retried after ack_timeout_s
+            for frame, raw in acks:
+                self._quarantine(ws, raw, f"handling failed: {type(exc).__name__}: {exc}"[:1000], document=frame)
+
+    def _quarantine(self, ws: websocket.WebSocket, raw: Any, reason: str, document: Any = None,
+                    size: int | None = None) -> None:
+        """Keep a frame the daemon cannot take, count it, and acknowledge it when it is a push naming its delivery.
+
+        The quarantine row commits before the ``client_ack`` goes out (the rule of INB-DURABLE-BEFORE-ACK).
+        """
+        data = raw if isinstance(raw, bytes) else str(raw).encode("utf-8", errors="surrogatepass")
+        ids = _frame_ids(document)
+        log.warning("invalid_inbound %s", reason)
         self._count("invalid_inbound_total")
+        quarantine_id, new = self.inbox.quarantine(
+            frame_key=_frame_key(data, document), frame=data, frame_bytes=size or len(data), reason=reason,
+            now_ms=self._now_ms(), frame_type=ids.get("type"), client_message_id=ids.get("client_message_id"),
+            broker_message_id=ids.get("broker_message_id"), delivery_id=ids.get("delivery_id"),
+            max_rows=int(limit("quarantine_max_rows")))
+        if new:
+            self.state.quarantined += 1
+        if "ack" in ids:
+            self._send(ws, ids["ack"])
+            self.inbox.mark_quarantine_acked(quarantine_id)
 
     def _handle(self, ws: websocket.WebSocket, frame: dict[str, Any]) -> None:
         kind = frame.get("type")
@@ -403,20 +631,23 @@ class BrokerLink(threading.Thread):
         changes = []
         for frame in frames:
             cmid = frame.get("client_message_id") or frame.get("id")
-            if frame.get("_invalid"):
-                self._invalid(f"ack for {cmid}: {frame['_invalid']}")
+            if frame.get("_invalid"):  # already quarantined and counted by _parse
                 event, error = "ack_failed", f"invalid ack: {frame['_invalid']}"
             else:
                 event, error = ack_event(frame)
+            retry_after = frame.get("retry_after_ms")
             changes.append((cmid, OutboxEvent(
                 event, now=now, broker_message_id=frame.get("broker_message_id") or frame.get("messageId") or None,
-                history_id=frame.get("history_id"), error=error, jitter_unit=self._jitter())))
+                history_id=frame.get("history_id"), error=error, jitter_unit=self._jitter(),
+                retry_after_ms=retry_after if isinstance(retry_after, int) and not isinstance(retry_after, bool)
+                else None)))
         self.state.last_ack_ms = now
         # The rows keep their ack deadlines until the batch has committed: if it raises, the link closes and
         # _lose_inflight() returns every one of them to pending (link_lost).
         results = self.outbox.transition_many(changes, by="client_message_id")
         for cmid, _ in changes:
             self._deadlines.pop(cmid, None)
+            self._frame_bytes.pop(cmid, None)
         for (cmid, _), result in zip(changes, results, strict=True):
             if isinstance(result, LookupError):
                 log.warning("ack for unknown client_message_id %s", cmid)
@@ -458,9 +689,22 @@ class BrokerLink(threading.Thread):
         for row in sent:  # armed before any frame goes out: a link lost mid-way returns every claimed row
             self._deadlines.pop(row.client_message_id, None)  # (re)armed at the end: deadlines stay in time order
             self._deadlines[row.client_message_id] = deadline
-        if sent:
-            self._send_many(ws, [send_frame(row) for row in sent])
-            self._count("send_total", len(sent))
+        if not sent:
+            return
+        texts, ceiling = [], int(limit("link_frame_max_bytes"))
+        for row in sent:
+            text = json.dumps(send_frame(row), separators=(",", ":"), ensure_ascii=False)
+            size = len(text.encode("utf-8")) if len(text) > ceiling // 4 else len(text)
+            if size > ceiling:  # accepted by an older daemon or under other limits: it can never be carried (E-40)
+                self._deadlines.pop(row.client_message_id, None)
+                self._retry(row.client_message_id, "ack_rejected",
+                            f"413 frame_too_large: the send frame is {size} bytes; the link carries at most {ceiling}")
+                continue
+            self._frame_bytes[row.client_message_id] = size
+            texts.append(text)
+        if texts:
+            self._send_many(ws, texts)
+            self._count("send_total", len(texts))
 
     def _check_timeouts(self) -> None:
         # Deadlines are armed in time order with one ack_timeout_s, and a dict keeps insertion order, so the expired
@@ -473,14 +717,30 @@ class BrokerLink(threading.Thread):
             expired.append(cmid)
         for cmid in expired:
             self._deadlines.pop(cmid, None)
+            self._frame_bytes.pop(cmid, None)
             self._retry(cmid, "ack_timeout", "no ack within ack_timeout_s")
 
     def _lose_inflight(self) -> None:
         for cmid in list(self._deadlines):
             self._deadlines.pop(cmid, None)
             self._retry(cmid, "link_lost", "the broker link closed before the ack")
+        self._frame_bytes.clear()
+
+    def _refuse_largest_in_flight(self) -> None:
+        """The broker closed 1009 (a message too big for it): the largest frame in flight was (at least) too big, so
+        its row goes dead (``ack_rejected``) instead of being resent after every reconnect (E-40)."""
+        in_flight = [cmid for cmid in self._deadlines if cmid in self._frame_bytes]
+        if not in_flight:
+            log.warning("the broker closed 1009 with no send in flight")
+            return
+        cmid = max(in_flight, key=self._frame_bytes.__getitem__)
+        size = self._frame_bytes.pop(cmid)
+        self._deadlines.pop(cmid, None)
+        self._retry(cmid, "ack_rejected", f"413 frame_too_large: the broker closed the link 1009 (message too big) "
+                    f"with this row's {size}-byte frame the largest in flight")
 
     def _retry(self, cmid: str, event: str, error: str) -> None:
+        """Apply ``event`` (a retry, or a refusal the daemon decides itself) to the row ``cmid``."""
         try:
             result = self.outbox.transition(cmid, OutboxEvent(event, now=self._now_ms(), error=error,
                                                               jitter_unit=self._jitter()), by="client_message_id")
@@ -562,6 +822,38 @@ def send_frame(row: Any) -> dict[str, Any]:
         "body": payload["message"],
         "targetSpec": payload["to"],
     }
+
+
+def _frame_ids(document: Any) -> dict[str, Any]:
+    """What a quarantined frame says about itself (its type and ids), and the client_ack it can be answered with.
+
+    Only a message push whose delivery_id, client_message_id and messageId are all well-formed can be acknowledged
+    (client_ack's schema needs the three); a system push, an ack or a frame without those ids cannot.
+    """
+    if not isinstance(document, dict):
+        return {}
+    ids: dict[str, Any] = {"type": document["type"][:64] if isinstance(document.get("type"), str) else None}
+    cmid, bmid, delivery = document.get("client_message_id"), document.get("messageId"), document.get("delivery_id")
+    if is_client_message_id(cmid):
+        ids["client_message_id"] = cmid
+    if isinstance(bmid, str) and BROKER_MESSAGE_ID.fullmatch(bmid):
+        ids["broker_message_id"] = bmid
+    if isinstance(delivery, str) and 1 <= len(delivery) <= 128:
+        ids["delivery_id"] = delivery
+    if (ids["type"] == "push" and document.get("subtype") != "system"
+            and {"client_message_id", "broker_message_id", "delivery_id"} <= ids.keys()):
+        ids["ack"] = {"type": "client_ack", "clientMessageId": cmid, "brokerMessageId": bmid, "delivery_id": delivery}
+    return ids
+
+
+def _frame_key(data: bytes, document: Any) -> bytes:
+    """What identifies a quarantined frame across redeliveries: its content without the delivery ``attempt``."""
+    if isinstance(document, dict) and "attempt" in document:
+        # a stand-in for a too-long integer, or nesting too deep to write: the frame's own bytes are its key then
+        with contextlib.suppress(TypeError, ValueError, RecursionError):
+            data = json.dumps({k: v for k, v in document.items() if k != "attempt"}, sort_keys=True,
+                              ensure_ascii=False, separators=(",", ":")).encode("utf-8", errors="surrogatepass")
+    return hashlib.sha256(data).digest()
 
 
 def _readable(ws: websocket.WebSocket) -> bool:

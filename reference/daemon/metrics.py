@@ -18,7 +18,10 @@ class DaemonMetrics:
             "send_total": Counter("cm_daemon_send_total", "send frames dispatched to the broker", registry=r),
             "recv_total": Counter("cm_daemon_recv_total", "inbound messages received", registry=r),
             "reconnects_total": Counter("cm_daemon_reconnects_total", "broker reconnects", registry=r),
-            "invalid_inbound_total": Counter("cm_daemon_invalid_inbound_total", "inbound frames refused", registry=r),
+            "invalid_inbound_total": Counter("cm_daemon_invalid_inbound_total",
+                                             "inbound frames quarantined (E-41)", registry=r),
+            "link_restarts_total": Counter("cm_daemon_link_restarts_total",
+                                           "broker-link failures the link was restarted after (E-41)", registry=r),
             "dedupe_history_pruned_total": Counter(
                 "cm_daemon_dedupe_history_pruned_total", "200 duplicates whose history was pruned", registry=r),
         }

@@ -1,7 +1,9 @@
 """The one place IPC errors become responses: RFC 9457 problem+json (E-11), codes from spec/tables/errors.yaml.
 
 Resources raise ``Problem(code, detail, **extensions)``; falcon's own errors (unknown route, wrong method, unreadable
-body) and any unexpected exception are mapped here too, so no other code writes an error body.
+body), a body that stalls past its deadline (408) or breaks its framing (400 malformed_http), and any unexpected
+exception are mapped here too, so no other code writes an error body. (Errors before the app -- a head that cannot
+be parsed or does not arrive -- are answered by the server, server.py, with the same bodies.)
 """
 
 from __future__ import annotations
@@ -11,8 +13,11 @@ import logging
 from typing import Any
 
 import falcon
+from gunicorn.http.errors import NoMoreData, ParseException
 
 from spec import load_table
+
+from .deadlines import ReadTimeout
 
 log = logging.getLogger("meshd.ipc")
 PROBLEM_JSON = "application/problem+json"
@@ -71,6 +76,22 @@ def install(app: falcon.App) -> None:
         log.exception("internal error on %s %s", req.method, req.path)
         write_problem(resp, Problem("internal_error", "internal daemon error; see the daemon log"))
 
+    def on_read_timeout(req, resp, exc: ReadTimeout, params):
+        # The body stalled past ipc_body_read_s (E-43): what arrived is dropped, the connection cannot be reused.
+        bound = "ipc_header_read_s" if exc.phase == "head" else "ipc_body_read_s"
+        problem = Problem("request_timeout", f"{exc} ({bound})")
+        problem.headers["Connection"] = "close"
+        write_problem(resp, problem)
+
+    def on_broken_body(req, resp, exc: Exception, params):
+        # A chunked body that breaks its framing, or a body that ends before its Content-Length.
+        problem = Problem("malformed_http", f"the request body is malformed: {type(exc).__name__}: {exc}"[:300])
+        problem.headers["Connection"] = "close"
+        write_problem(resp, problem)
+
     app.add_error_handler(Exception, on_unexpected)
     app.add_error_handler(falcon.HTTPError, on_http_error)
     app.add_error_handler(Problem, on_problem)
+    app.add_error_handler(ReadTimeout, on_read_timeout)
+    app.add_error_handler(ParseException, on_broken_body)
+    app.add_error_handler(NoMoreData, on_broken_body)

@@ -16,6 +16,7 @@ import fcntl
 import ipaddress
 import logging
 import os
+import sqlite3
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,9 +46,11 @@ from .store import (
     OutboxRowNotFound,
     OutboxStore,
     SchemaTooNew,
+    StoreError,
 )
 
 log = logging.getLogger("meshd")
+WATCHDOG_S = 1.0
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_CONFIG, EXIT_HOST, EXIT_OUTBOX, EXIT_LOCKED = 0, 1, 2, 3, 4, 5, 6
 _LOCKS: list[Any] = []
 
@@ -149,15 +152,22 @@ def preflight(state_dir: Path, config: Config, components: Components | None = N
     except identity.HostMismatch as exc:
         raise PreflightError(EXIT_HOST, str(exc)) from exc
     notes.append(f"host_fingerprint {check.result} {check.fingerprint[:16]}")
-    _, minted = identity.load_or_mint_keypair(state_dir)
+    try:
+        _, minted = identity.load_or_mint_keypair(state_dir)
+        identity.load_or_mint_token(state_dir)
+    except identity.IdentityUnreadable as exc:
+        raise PreflightError(EXIT_CONFIG, str(exc)) from exc
     if minted:
         notes.append("member keypair minted (keypair.json)")
-    identity.load_or_mint_token(state_dir)
     try:
         outbox = parts.outbox_store(state_dir / "outbox.db", policy_for(config), config["outbox"]["synchronous"])
     except (OutboxCorrupt, SchemaTooNew) as exc:
         raise PreflightError(EXIT_OUTBOX, f"{exc}; the outbox is never discarded automatically: restore it from "
                              "a backup or move it aside by hand") from exc
+    except (sqlite3.Error, OSError, StoreError) as exc:  # not a database file at all: a directory, no permission
+        raise PreflightError(EXIT_OUTBOX, f"{state_dir / 'outbox.db'} cannot be opened ({type(exc).__name__}: "
+                             f"{exc}); the outbox is never discarded automatically: fix or move it aside by hand"
+                             ) from exc
     try:
         outbox.integrity_check()
         recovered = outbox.recover(WallClock(config["daemon"]["clock_file"]).ms())
@@ -175,7 +185,11 @@ def preflight(state_dir: Path, config: Config, components: Components | None = N
                     trace_store_item(trace, config["daemon"]["mesh"], transition)
             finally:
                 trace.close()
-    inbox, quarantined = parts.inbox_store.open_or_quarantine(state_dir / "inbox.db")
+    try:
+        inbox, quarantined = parts.inbox_store.open_or_quarantine(state_dir / "inbox.db")
+    except (sqlite3.Error, OSError, StoreError) as exc:
+        raise PreflightError(EXIT_ERROR, f"{state_dir / 'inbox.db'} cannot be opened ({type(exc).__name__}: {exc}); "
+                             "move it aside and start again (a fresh inbox is created)") from exc
     inbox.close()
     if quarantined is not None:
         notes.append(f"inbox_corruption_recovered moved to {quarantined}")
@@ -199,6 +213,11 @@ class Runtime:
                       else None)
         self.outbox = parts.outbox_store(state_dir / "outbox.db", policy_for(config), config["outbox"]["synchronous"],
                                          trace=self._trace_store if self.trace else None)
+        # §4.11 at every worker start, not only the master's: gunicorn starts a new worker after one is SIGKILLed,
+        # and the rows the dead worker had in flight must go back to pending (a no-op after preflight's own pass).
+        recovered = self.outbox.recover(self.clock.ms())
+        if recovered:
+            log.warning("crash recovery: %d inflight row(s) of a previous worker returned to pending", len(recovered))
         self.inbox, _ = parts.inbox_store.open_or_quarantine(state_dir / "inbox.db")
         self.bus = parts.event_bus(self.inbox, int(config["ipc"]["max_streams"]), float(config["ipc"]["keepalive_s"]),
                                    trace=self.trace)
@@ -207,6 +226,7 @@ class Runtime:
                                       inbox=InboxReceiver(self.inbox, self.bus), publish=self.bus.publish,
                                       on_fatal=self._fatal, metrics=self.metrics, trace=self.trace, clock=self.clock)
         self.metrics.link = self.link
+        self.link.state.quarantined = self.inbox.quarantine_count()
         self.committer = parts.committer(self.outbox.accept_batch, float(config["outbox"]["group_commit_ms"]) / 1000)
         self.ctx = DaemonContext(config=config.values, token=self.token, outbox=self.outbox, inbox=self.inbox,
                                  link=self.link, events=self.bus, committer=self.committer, metrics=self.metrics,
@@ -221,6 +241,15 @@ class Runtime:
     def start(self, stop_master: Callable[[], None] | None = None) -> None:
         self._stop_master = stop_master
         self.link.start()
+        threading.Thread(target=self._watch_link, name="meshd-link-watchdog", daemon=True).start()
+
+    def _watch_link(self) -> None:
+        """Restart the broker-link thread should it ever end while the daemon runs (E-41; health says so)."""
+        while not self._closed.wait(WATCHDOG_S) and not self.ctx.draining.is_set():
+            try:
+                self.link.watch()
+            except Exception:
+                log.exception("the link watchdog failed; it looks again in %s s", WATCHDOG_S)
 
     def _fatal(self, code: int, reason: str) -> None:
         log.error("fatal: %s", reason)
@@ -301,6 +330,13 @@ class InboxReceiver:
         row, event_id = stored
         self.bus.notify(event_id, "message")
         return {"seq": row.seq, "id": row.id}
+
+    def quarantine(self, **record: Any) -> tuple[int, bool]:
+        """Keep an inbound frame the daemon could not take (E-41); see ``InboxStore.quarantine``."""
+        return self.inbox.quarantine(**record)
+
+    def mark_quarantine_acked(self, quarantine_id: int) -> None:
+        self.inbox.mark_quarantine_acked(quarantine_id)
 
 
 def message_payload(row: InboxRow) -> dict[str, Any]:

@@ -39,7 +39,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -852,9 +852,40 @@ class InboxRow(InboxMessage):
         return inbox_cursor(self.seq)
 
     def as_dict(self) -> dict[str, Any]:
-        record = asdict(self)
+        # Shallow on purpose: dataclasses.asdict deep-copies meta recursively (a RecursionError on a deep one, E-41).
+        record = {name: getattr(self, name) for name in _INBOX_COLUMNS}
         record["meta"] = None if self.meta is None else dict(self.meta)
         return record
+
+
+@dataclass(frozen=True, kw_only=True)
+class QuarantinedFrame:
+    """An inbound frame the daemon could not take, kept with why (E-41). Times are unix ms."""
+
+    id: int
+    frame_key: bytes
+    first_seen_at: int
+    last_seen_at: int
+    seen: int
+    reason: str
+    frame_type: str | None
+    client_message_id: str | None
+    broker_message_id: str | None
+    delivery_id: str | None
+    acked: bool
+    frame_bytes: int
+    frame: bytes
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready record (the frame as text, undecodable bytes replaced; its key as hex)."""
+        record = {name: getattr(self, name) for name in _QUARANTINE_COLUMNS}
+        record["frame_key"] = self.frame_key.hex()
+        record["frame"] = self.frame.decode("utf-8", errors="replace")
+        record["acked"] = bool(self.acked)
+        return record
+
+
+_QUARANTINE_COLUMNS = tuple(f.name for f in fields(QuarantinedFrame))
 
 
 @dataclass(frozen=True)
@@ -1007,6 +1038,48 @@ class InboxStore(_SqliteStore):
             found = [_inbox_row(r) for r in conn.execute(sql, (*params, limit + 1)).fetchall()]
         rows = found[:limit]
         return rows, (rows[-1].cursor if len(found) > limit else None)
+
+    # --- quarantine (E-41) ----------------------------------------------------------------------------------------
+
+    def quarantine(self, *, frame_key: bytes, frame: bytes, frame_bytes: int, reason: str, now_ms: int,
+                   frame_type: str | None = None, client_message_id: str | None = None,
+                   broker_message_id: str | None = None, delivery_id: str | None = None,
+                   max_rows: int = 10_000) -> tuple[int, bool]:
+        """Keep one inbound frame the daemon could not take; a frame seen before (same ``frame_key``) is counted.
+
+        Returns (its quarantine id, whether it is new). Past ``max_rows`` the oldest are deleted (and logged).
+        """
+        with self._transaction() as conn:
+            found = conn.execute(
+                "INSERT INTO quarantine (frame_key, first_seen_at, last_seen_at, reason, frame_type, client_message_id,"
+                " broker_message_id, delivery_id, frame_bytes, frame) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (frame_key) DO UPDATE SET seen = seen + 1, last_seen_at = excluded.last_seen_at,"
+                " reason = excluded.reason RETURNING id, seen",
+                (frame_key, now_ms, now_ms, reason, frame_type, client_message_id, broker_message_id, delivery_id,
+                 frame_bytes, frame),
+            ).fetchone()
+            pruned = conn.execute(
+                "DELETE FROM quarantine WHERE id <= coalesce("
+                " (SELECT id FROM quarantine ORDER BY id DESC LIMIT 1 OFFSET ?), 0)", (max_rows,)).rowcount
+        if pruned:
+            log.warning("quarantine_pruned rows=%d (the %d newest are kept)", pruned, max_rows)
+        return int(found[0]), int(found[1]) == 1
+
+    def mark_quarantine_acked(self, quarantine_id: int) -> None:
+        """Record that the broker was told (client_ack) it need not deliver this frame again."""
+        with self._transaction() as conn:
+            conn.execute("UPDATE quarantine SET acked = 1 WHERE id = ?", (quarantine_id,))
+
+    def quarantined(self, limit: int = 100) -> list[QuarantinedFrame]:
+        """The quarantined frames, newest first."""
+        with self._reading() as conn:
+            found = conn.execute(f"SELECT {', '.join(_QUARANTINE_COLUMNS)} FROM quarantine ORDER BY id DESC LIMIT ?",
+                                 (limit,)).fetchall()
+        return [QuarantinedFrame(**dict(zip(_QUARANTINE_COLUMNS, row, strict=True))) for row in found]
+
+    def quarantine_count(self) -> int:
+        with self._reading() as conn:
+            return int(conn.execute("SELECT count(*) FROM quarantine").fetchone()[0])
 
     # --- SSE events ----------------------------------------------------------------------------------------------
 

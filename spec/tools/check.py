@@ -34,6 +34,7 @@ TABLE_SCHEMAS = {
     "features": "tables/features",
     "max_age": "tables/max_age",
     "errors": "tables/errors",
+    "limits": "tables/limits",
 }
 CATALOGUE_SCHEMA = "tables/catalogue"
 TEST_ID = re.compile(r"^(?P<path>tests/[A-Za-z0-9_/]+\.py)::(?P<name>[A-Za-z0-9_]+)$")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import stat
 import threading
 import time
 from pathlib import Path
@@ -607,9 +609,12 @@ def test_sandbox_runs_a_dev_broker_and_a_joined_daemon(tmp_path):
     cleanly."""
     from reference.sandbox import Sandbox
 
+    (tmp_path / "sb").mkdir(mode=0o755)  # an existing directory is made private too (E-44)
+    os.chmod(tmp_path / "sb", 0o755)
     sandbox = Sandbox(tmp_path / "sb").start()
     try:
         assert "socket" in sandbox.summary() and sandbox.tcp_port()
+        assert_private_files(tmp_path / "sb")
         transport = httpx.HTTPTransport(uds=str(sandbox.socket_path))
         with httpx.Client(transport=transport, base_url="http://localhost", timeout=10) as client:
             sent = client.post("/v1/send", json={"to": "#general", "message": "sandboxed"})
@@ -621,3 +626,14 @@ def test_sandbox_runs_a_dev_broker_and_a_joined_daemon(tmp_path):
         codes = sandbox.stop()
     assert codes == {"daemon": 0, "broker": 0}
     assert Path(tmp_path / "sb" / "broker.db").exists()
+    assert_private_files(tmp_path / "sb")
+
+
+def assert_private_files(directory: Path) -> None:
+    """LIFE-PRIVATE-FILES (E-44): the sandbox directory is 0700 and broker.db (every message body), its WAL files and
+    the logs are 0600."""
+    assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+    files = [path for path in directory.iterdir() if path.is_file() and path.name != "broker.port"]
+    assert {"broker.db", "broker.log", "daemon.log"} <= {path.name for path in files}
+    for path in files:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, (path.name, oct(path.stat().st_mode))

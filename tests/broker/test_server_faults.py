@@ -13,9 +13,12 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import threading
 import time
+from pathlib import Path
 
+import httpx
 import pytest
 from broker_server_testkit import MESH, BrokerProcess, ForkServer, LoadClient, Member, meshd, populate
 
@@ -249,3 +252,172 @@ def _until(probe, timeout: float, what: str):
             return value
         time.sleep(0.1)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+# --- both sides at once: the daemon's master or worker and the broker, killed mid-send and mid-accept --------------
+
+CRASH_CONFIG = ("[outbox]\nretry_base_ms = 50\nretry_max_ms = 250\nack_timeout_s = 2.0\n"
+                "[reconnect]\ninitial_ms = 50\nmax_ms = 250\n[daemon]\ndrain_timeout_s = 1.0\n")
+VICTIMS = ("daemon_master", "daemon_worker", "broker")
+
+
+def _whole_inbox(daemon: Launched) -> list[dict]:
+    """Every inbox item, page by page (a soak delivers more than one page holds)."""
+    items, cursor = [], None
+    with daemon.unix() as client:
+        while True:
+            page = client.get("/v1/inbox", params={"limit": 1000, **({"cursor": cursor} if cursor else {})}).json()
+            items += page["items"]
+            if not page["items"]:
+                return items
+            cursor = page["next_cursor"]
+
+
+def _worker_pids(master: int) -> list[int]:
+    """The gunicorn worker(s) of a daemon master: its child processes."""
+    try:
+        children = Path(f"/proc/{master}/task/{master}/children").read_text().split()
+    except OSError:
+        return []
+    return [int(pid) for pid in children]
+
+
+def crash_loop(tmp_path, fork_server, rounds: int, budget_s: float, seed: int) -> dict[str, int]:
+    """Daemon A sends continuously (each id retried by its client until answered, as an SDK does) to daemon B
+    through a --dev broker, while one of A's master (the whole process group), A's gunicorn worker, or the broker is
+    SIGKILLed at a random moment, ``rounds`` times (or until ``budget_s``). Then: every id A answered 202 or 200 is
+    done in A's outbox under one broker_message_id, is in B's inbox exactly once, and the broker holds one message
+    per id and no orphans. Returns the counts for the report."""
+    rng = random.Random(seed)
+    url = f"sqlite:///{tmp_path / 'broker.db'}"
+    broker = BrokerProcess(url, tmp_path / "broker", ["--dev", "--lease-s", "1"], fork_server=fork_server).start()
+    daemons = []
+    for name in ("a", "b"):
+        state_dir = tmp_path / name
+        state_dir.mkdir(mode=0o700)
+        (state_dir / "config.toml").write_text(CRASH_CONFIG)
+        daemons.append(Launched(REFERENCE_TEMPLATE, state_dir, broker.url).start(wait=False))
+    a, b = daemons
+    accepted: list[str] = []
+    stop = threading.Event()
+    kills = dict.fromkeys(VICTIMS, 0)
+    answers = {"5xx": 0, "transport_errors": 0}
+
+    def post_forever() -> None:
+        n = 0
+        while not stop.is_set():
+            cmid = f"crash-{n:05d}"
+            while not stop.is_set():  # the same id until the daemon answers it
+                try:
+                    with a.unix(timeout=5) as client:
+                        response = client.post("/v1/send", json={"to": "#general", "message": f"m{n}"},
+                                               headers={"Idempotency-Key": cmid})
+                except (httpx.HTTPError, OSError):
+                    answers["transport_errors"] += 1
+                    time.sleep(0.05)
+                    continue
+                if response.status_code >= 500:
+                    answers["5xx"] += 1  # 503 daemon_draining never happens here: nothing is stopped, only killed
+                    time.sleep(0.05)
+                    continue
+                assert response.status_code in (200, 202), response.text
+                accepted.append(cmid)
+                break
+            n += 1
+            time.sleep(0.01)
+
+    poster = threading.Thread(target=post_forever, name="crash-poster", daemon=True)
+    started = time.monotonic()
+    try:
+        for daemon in daemons:
+            daemon.wait_ready()
+        a.wait_connected()
+        b.wait_connected()
+        poster.start()
+        done = 0
+        while done < rounds and time.monotonic() - started < budget_s:
+            time.sleep(rng.uniform(0.05, 0.3))  # mid-send, mid-accept, mid-ack: wherever the moment falls
+            victim = VICTIMS[done % len(VICTIMS)] if done < len(VICTIMS) else rng.choice(VICTIMS)
+            if victim == "broker":
+                broker.kill9()
+                broker.start()
+            elif victim == "daemon_master":
+                a.kill9()
+                a.start()
+            else:
+                workers = _worker_pids(a.process.pid)
+                if not workers:
+                    continue
+                os.kill(workers[0], signal.SIGKILL)  # gunicorn's master starts another worker
+                _until(lambda old=workers: _worker_pids(a.process.pid) not in ([], old), 20, "a new worker")
+            kills[victim] += 1
+            done += 1
+        time.sleep(0.3)
+        stop.set()
+        poster.join(timeout=30)
+        a.wait_ready()
+        a.wait_connected(30)
+
+        def settled() -> list[dict] | None:
+            with a.unix() as client:
+                rows = []
+                cursor = None
+                while True:
+                    page = client.get("/v1/outbox", params={"limit": 500, **({"cursor": cursor} if cursor else {})}
+                                      ).json()
+                    rows += page["items"]
+                    cursor = page["next_cursor"]
+                    if not cursor:
+                        break
+            return rows if rows and all(row["status"] == "done" for row in rows) else None
+
+        rows = _until(settled, 90, "every outbox row of A done")
+        _until(lambda: len(_whole_inbox(b)) >= len({row["client_message_id"] for row in rows}), 90, "B's inbox")
+        time.sleep(1.2)  # past a lease: nothing arrives twice
+        inbox = _whole_inbox(b)
+    finally:
+        stop.set()
+        stoppers = [threading.Thread(target=daemon.stop, kwargs={"timeout": 10}) for daemon in daemons]
+        for stopper in stoppers:
+            stopper.start()
+        for stopper in stoppers:
+            stopper.join()
+        broker.stop()
+    outbox = {row["client_message_id"]: row["broker_message_id"] for row in rows}
+    received = [item["client_message_id"] for item in inbox]
+    lost = sorted(set(accepted) - set(received))
+    duplicated = sorted({cmid for cmid in received if received.count(cmid) > 1})
+    assert not lost, lost[:10]
+    assert not duplicated, duplicated[:10]
+    assert set(outbox) >= set(accepted)
+    assert {item["client_message_id"]: item["broker_message_id"] for item in inbox} == outbox
+    assert answers["5xx"] == 0, answers
+    store = open_store(url)
+    try:
+        tally = store.counts()
+    finally:
+        store.close()
+    assert tally["topic_message"] == tally["client_message_dedupe"] == len(outbox)
+    assert meshd("broker", "orphan-check", "--store", url).returncode == 0
+    return {**{f"kills_{name}": count for name, count in kills.items()}, "accepted": len(accepted),
+            "delivered": len(received), "lost": len(lost), "duplicated": len(duplicated), "5xx": answers["5xx"],
+            "transport_errors_while_down": answers["transport_errors"], "seconds": int(time.monotonic() - started)}
+
+
+def test_daemon_and_broker_killed_mid_send_lose_and_duplicate_nothing(tmp_path, fork_server):
+    """REC-INFLIGHT-TO-PENDING, WS-SEND-SAME-BYTES, BRK-ATOMIC, INB-DEDUPE end to end, with kills on both sides in one
+    run: daemon A's whole process group, A's gunicorn worker alone (its successor recovers what the dead one had in
+    flight), and the broker mid-accept; every accepted id reaches B exactly once."""
+    summary = crash_loop(tmp_path, fork_server, rounds=6, budget_s=60, seed=5)
+    print(json.dumps(summary))
+    assert all(summary[f"kills_{name}"] >= 1 for name in VICTIMS), summary
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(SLOW_BUDGET_S + 300)
+def test_daemon_and_broker_crash_soak(tmp_path, fork_server):
+    """The long form: up to MESHSPEC_SLOW_KILLS kills (default 500) within MESHSPEC_SLOW_BUDGET seconds, spread over
+    the daemon's master, its worker and the broker."""
+    summary = crash_loop(tmp_path, fork_server, rounds=SLOW_KILLS, budget_s=SLOW_BUDGET_S, seed=17)
+    print(json.dumps(summary))
+    assert all(summary[f"kills_{name}"] >= 3 for name in VICTIMS), summary

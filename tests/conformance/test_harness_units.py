@@ -11,7 +11,6 @@ import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -73,7 +72,7 @@ def test_an_undeclared_requirement_is_refused():
         Verdicts("n", ("A",)).expect("B", True)
 
 
-# --- verdicts, kinds and exit codes ------------------------------------------------------------------------------------
+# --- verdicts, kinds and exit codes -------------------------------------------------------------------------------
 
 
 def _state(checks: list[Check], strict: bool = False, spec_only: bool = False, errors: list[str] | None = None):
@@ -259,7 +258,7 @@ def test_the_claudemesh_adapter_describes_where_upstream_listens(tmp_path):
     assert validator("harness/target").is_valid(description)
     assert description["fixed_port"] is True and description["port"] == 47823
     assert "clock_shim.cjs" in env["NODE_OPTIONS"]
-    again, _ = claudemesh.prepare(args)
+    claudemesh.prepare(args)
     assert json.loads(config.read_text())["meshes"][0]["pubkey"] == mesh["pubkey"], "a restart is the same member"
     cli.parent.rename(tmp_path / "claudemesh-cli-1.21.1")
     (tmp_path / "claudemesh-cli-1.21.1" / "package.json").write_text(json.dumps({"version": "1.21.1"}))

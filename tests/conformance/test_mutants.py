@@ -279,16 +279,24 @@ def _wsgi(name: str | None, path: str = "/v1/compat", headers: dict | None = Non
 
 
 class _OneFrame:
-    """A WebSocket stand-in that has one frame to read."""
+    """A WebSocket stand-in that has one text frame to read."""
 
     def __init__(self, frame: dict):
-        self.frame = json.dumps(frame)
+        self.frame = json.dumps(frame).encode()
 
     def settimeout(self, timeout: float) -> None:
         pass
 
+    def gettimeout(self) -> float:
+        return 1.0
+
+    def recv_data(self) -> tuple[int, bytes]:
+        import websocket
+
+        return websocket.ABNF.OPCODE_TEXT, self.frame
+
     def recv(self) -> str:
-        return self.frame
+        return self.frame.decode()
 
 
 def _negotiated(name: str | None, **spoil) -> dict:

@@ -32,7 +32,10 @@ INVALID = [
     (b'{"to":"#a","message":"m","meta":{"n":9007199254740992}}', "meta_not_canonicalizable"),
     (b'{"to":"#a","message":"m","meta":{"s":"\\ud800"}}', "meta_not_canonicalizable"),
     (b'{"to":"#a","message":"\\ud800"}', "invalid_request"),
-    (b"[" * 100_000 + b"]" * 100_000, "invalid_json"),
+    (b"[" * 100_000 + b"]" * 100_000, "limit_exceeded"),
+    (b'{"to":"#a","message":"m","meta":' + b'{"a":' * 480 + b"1" + b"}" * 481, "limit_exceeded"),
+    (b'{"to":"#a","message":"m","meta":{"n":' + b"7" * 4301 + b"}}", "limit_exceeded"),
+    (b'{"to":"#a","message":"m","meta":{"n":-' + b"7" * 101 + b"}}", "limit_exceeded"),
 ]
 
 

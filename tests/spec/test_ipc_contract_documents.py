@@ -53,7 +53,8 @@ ERROR_CODES = {
     "invalid_bearer_token", "forbidden_host", "forbidden_origin", "not_found", "method_not_allowed",
     "outbox_row_not_found", "idempotency_key_reused", "outbox_requeue_state_invalid", "payload_too_large",
     "unsupported_media_type", "daemon_busy", "too_many_streams", "broker_unavailable", "broker_timeout",
-    "daemon_draining", "internal_error",
+    "daemon_draining", "internal_error", "limit_exceeded", "malformed_http", "request_timeout", "uri_too_long",
+    "header_fields_too_large",
 }
 CONFLICTS = [
     "outbox_pending_fingerprint_mismatch", "outbox_inflight_fingerprint_mismatch", "outbox_done_fingerprint_mismatch",
@@ -71,7 +72,8 @@ _COMMON = {
 }
 _POST = {
     **_COMMON,
-    "400": {"token_in_query", "invalid_json", "invalid_request"},
+    "400": {"token_in_query", "invalid_json", "invalid_request", "limit_exceeded"},
+    "408": {"request_timeout"},
     "413": {"payload_too_large"},
     "415": {"unsupported_media_type"},
     "503": {"daemon_draining"},

@@ -386,7 +386,7 @@ class SqlBrokerStore(BrokerStore):
         known: dict[str, str] = {}
         failed_check, policy, broker_fp = self._phase_b1(req, checks, sender)
         if failed_check is not None:
-            return self._rejected(broker_accept.settle(b1="rejected"), req, failed_check), known
+            return self._rejected(broker_accept.settle(b1="rejected"), req, failed_check, checks), known
         known = {"b1": "ok", "drift": "same" if broker_fp == req.request_fingerprint else "differs"}
         settled = broker_accept.settle(**known)
         if settled is not None:  # BRK-DRIFT: nothing written
@@ -441,7 +441,7 @@ class SqlBrokerStore(BrokerStore):
             decided = broker_accept.settle(**{**known, "commit": "failed"}) if known.get("b2") == "ok" else None
             return self._fault(req, decided, exc), known
         if failed_check is not None:
-            return self._rejected(settled, req, failed_check), known
+            return self._rejected(settled, req, failed_check, checks), known
         values = {  # what an ack may include; the history row is only the original's
             "broker_message_id": row["broker_message_id"],
             "history_id": history_id if known["claim"] == "ours" else row["history_id"],
@@ -535,12 +535,18 @@ class SqlBrokerStore(BrokerStore):
         return AcceptResult(settled.table_row, int(settled.http_status), body, effects, recipients, settled.metric)
 
     @staticmethod
-    def _rejected(settled: broker_accept.Settled | None, req: AcceptRequest, check: str) -> AcceptResult:
-        """The ack for a failed B1 or B2 check: its status and error code come from the table's check list."""
+    def _rejected(settled: broker_accept.Settled | None, req: AcceptRequest, check: str,
+                  checks: AcceptChecks | None = None) -> AcceptResult:
+        """The ack for a failed B1 or B2 check: its status and error code come from the table's check list; a rate
+        limit says when to come back (``retry_after_ms``, E-42)."""
         assert settled is not None
         status, error = broker_accept.check_status(settled.phase, check)
-        body = {"client_message_id": req.client_message_id, "error": error,
-                "detail": f"{settled.phase} check {check} failed"}
+        body: dict[str, Any] = {"client_message_id": req.client_message_id, "error": error,
+                                "detail": f"{settled.phase} check {check} failed"}
+        if check == "rate_limit" and checks is not None:
+            wait = checks.retry_after_ms(req)
+            if wait is not None:
+                body["retry_after_ms"] = int(wait)
         return AcceptResult(settled.table_row, status, body, dict.fromkeys(EFFECTS, 0), (), settled.metric)
 
     @staticmethod

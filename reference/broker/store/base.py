@@ -25,6 +25,10 @@ def rfc3339_ms(unix_ms: int) -> str:
     return (_EPOCH + timedelta(milliseconds=unix_ms)).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def _no_wait(request: AcceptRequest) -> int | None:
+    return None
+
+
 def _allow_all(request: AcceptRequest) -> bool:
     return True
 
@@ -58,11 +62,13 @@ class AcceptChecks:
     """The B1 limits a store enforces besides membership, mesh and kind.
 
     ``max_payload_bytes`` is the advertised ``max_payload.inline_bytes`` (compared with the body's UTF-8 length);
-    ``rate_limit`` answers whether this send may proceed (True) and is called last, so refused frames spend nothing.
+    ``rate_limit`` answers whether this send may proceed (True) and is called last, so refused frames spend nothing;
+    ``retry_after_ms`` says, for a send the rate limit refused, how long until it would pass (E-42), or None.
     """
 
     max_payload_bytes: int = 65_536
     rate_limit: Callable[[AcceptRequest], bool] = _allow_all
+    retry_after_ms: Callable[[AcceptRequest], int | None] = _no_wait
 
 
 @dataclass(frozen=True)

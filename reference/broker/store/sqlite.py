@@ -12,6 +12,8 @@ INTEGER unix milliseconds; booleans are 0/1.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -230,6 +232,10 @@ class SqliteStore(SqlBrokerStore):
             raise ValueError("SqliteStore needs a file path (every thread opens its own connection)")
         self.path = Path(path)
         self.url = f"sqlite:///{self.path}"
+        if not self.path.exists():
+            # Every message body is in this file: 0600 from the start (SQLite gives -wal and -shm the same mode).
+            with contextlib.suppress(FileNotFoundError):  # a missing directory fails on connect, with SQLite's words
+                os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
         super().__init__(checks, fault_hook)
 
     def _connect(self) -> sqlite3.Connection:

@@ -95,8 +95,8 @@ def _no_last_event_id_replay():
     from reference.daemon.events import EventBus
 
     class Bus(EventBus):
-        def open_stream(self, last_event_id):
-            return super().open_stream(None)
+        def open_stream(self, last_event_id, *args, **kwargs):
+            return super().open_stream(None, *args, **kwargs)
 
     return Bus
 

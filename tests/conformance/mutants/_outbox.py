@@ -8,6 +8,7 @@ recovery, its requeue, its max age.
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import replace
 
@@ -80,15 +81,17 @@ def _retry_rederives_request():
     from reference.daemon.link import BrokerLink
 
     class Link(BrokerLink):
-        def _send_many(self, ws, frames):
+        def _send_many(self, ws, texts):
             changed = []
-            for frame in frames:
+            for text in texts:
+                frame = json.loads(text)
                 row = self.outbox.get_by_client_message_id(frame["client_message_id"])
                 if row is not None and row.attempts >= 2:
                     item = FingerprintInput(frame["destination_kind"], frame["destination_ref"],
                                             frame["reply_to_id"] or "", "now", frame["meta"], frame["body"])
                     frame = {**frame, "priority": "now", "request_fingerprint": request_fingerprint(item).hex()}
-                changed.append(frame)
+                    text = json.dumps(frame, separators=(",", ":"), ensure_ascii=False)
+                changed.append(text)
             return super()._send_many(ws, changed)
 
     return Link
