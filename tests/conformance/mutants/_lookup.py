@@ -233,11 +233,7 @@ def _header_body_precedence_swapped():
 @mutant("500-on-malformed-json",
         "a body that is not (I-)JSON escapes validation as an unexpected exception: 500 internal_error",
         kills=("ERR-NO-5XX-ON-BAD-INPUT", "IPC-VALIDATION-CONSUMES-NOTHING"),
-        select=("transport.malformed_json", "ipc.validation.consumes_nothing"), seam="parse_send", est_s=15,
-        known_gap="the reference fails ERR-NO-5XX-ON-BAD-INPUT too (killmatrix.REFERENCE_FAILURES: a 5000-digit "
-        "body is 500), so that verdict cannot tell this mutant from it, and IPC-VALIDATION-CONSUMES-NOTHING sends no "
-        "malformed JSON. Kill: the reference's JSON limits (E-40, the hostile-input branch), or a "
-        "consumes-nothing row with a body that is not JSON")
+        select=("transport.malformed_json", "ipc.validation.consumes_nothing"), seam="parse_send", est_s=15)
 def _500_on_malformed_json():
     from reference.core import RequestError, parse_send
 

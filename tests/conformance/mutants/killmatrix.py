@@ -42,15 +42,9 @@ GRACE_S = 60.0  # how far past its --deadline a run may end (start-up, teardown,
 # What the control -- the reference itself -- fails today, and why. The control test tolerates exactly these; a kill
 # by one of them is confirmed only where the control passes it (on the subject's own selection). Remove an entry once
 # the reference passes it: the kill matrix then holds the reference to it again.
-REFERENCE_FAILURES = {
-    "ERR-NO-5XX-ON-BAD-INPUT": "transport.malformed_json: a body of 5000 digits is 500 on /v1/send and /v1/profile "
-    "(json.loads raises ValueError past CPython's 4300-digit int limit, which parse_json_object does not catch); the "
-    "hostile-input branch's JSON limits (E-40) refuse it",
-    "SSE-STREAM-LIMIT": "events.stream_limit, run after other event-stream cases (the union selection): a stream "
-    "whose client left keeps its slot until the reference's next write to it (keepalive_s, 2 s), so 30 or 31 of the "
-    "case's 32 streams open; alone the case passes. Either the case allows keepalive_s for earlier streams to drain "
-    "before it opens its 32, or the reference notices the disconnect at once",
-}
+# None today: ERR-NO-5XX-ON-BAD-INPUT (a 5000-digit body was 500) and SSE-STREAM-LIMIT (a stream whose client left kept
+# its slot until the next write) were, until main took the E-40 and E-43 fixes.
+REFERENCE_FAILURES: dict[str, str] = {}
 
 
 def control_subject(selection: Sequence[str]) -> Mutant:
