@@ -19,7 +19,7 @@ from typing import Any
 import falcon
 from ulid import ULID
 
-from reference.core import RequestError, parse_send
+from reference.core import RequestError, SendRequest, parse_send
 from reference.core.destination import TOPIC_NAME
 from reference.core.limits import limit
 from spec import SPEC_VERSION, load_table
@@ -55,6 +55,7 @@ class DaemonContext:
     member_pubkey: str
     clock: Callable[[], float] = time.time
     mint_id: Callable[[], str] = field(default=lambda: str(ULID()))
+    parse_send: Callable[[bytes, str | None], SendRequest] = parse_send  # phase A of POST /v1/send
     started_at: float = field(default_factory=time.time)
     draining: threading.Event = field(default_factory=threading.Event)
 
@@ -179,7 +180,7 @@ class Send:
         # The hot path: a declared length within the limit is read in one call (the body cannot run past it).
         raw = req.bounded_stream.read(length) if length is not None and length <= limit else _read_body(req, limit)
         try:
-            request = parse_send(raw, req.get_header("Idempotency-Key"))
+            request = self.ctx.parse_send(raw, req.get_header("Idempotency-Key"))
         except RequestError as exc:
             raise Problem(exc.code, exc.detail,
                           invalid_params=[{"name": n, "reason": r} for n, r in exc.invalid_params] or None) from exc

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from rich.console import Console
@@ -23,6 +23,9 @@ from rich.table import Table
 
 from . import client, identity, logs
 from .config import Config, ConfigError, load
+
+if TYPE_CHECKING:
+    from .runtime import Components
 
 CI_VARIABLES = ("CI", "GITHUB_ACTIONS", "GITLAB_CI", "BUILDKITE", "CIRCLECI", "JENKINS_URL")
 console = Console()
@@ -65,7 +68,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     return values
 
 
-def cmd_up(args: argparse.Namespace) -> int:
+def cmd_up(args: argparse.Namespace, components: Components | None = None) -> int:
+    """`meshd up`; ``components`` replaces parts of the daemon (runtime.Components, the seam tests start it with)."""
     from .runtime import PreflightError, Runtime, preflight
     from .server import record_exit, serve
 
@@ -81,10 +85,13 @@ def cmd_up(args: argparse.Namespace) -> int:
         err.print(f"meshd: invalid configuration: {exc}")
         return 3
     if args.detach:
+        if components is not None:
+            err.print("meshd: --detach starts the stock daemon; it cannot carry replaced components")
+            return 2
         return _detach(args, state_dir)
     logs.configure(config["daemon"]["log_level"])
     try:
-        for note in preflight(state_dir, config):
+        for note in preflight(state_dir, config, components):
             logging.getLogger("meshd").info("%s", note)
     except PreflightError as exc:
         err.print(f"meshd: {exc}")
@@ -96,7 +103,8 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     def build():
         runtime = Runtime(state_dir, config, trace_dir, on_fatal=lambda code, reason: record_exit(state_dir, code,
-                                                                                                   reason))
+                                                                                                   reason),
+                          components=components)
         return runtime.app, runtime
 
     return serve(state_dir, config.values, build, lambda: current()["daemon"]["log_level"])

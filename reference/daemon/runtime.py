@@ -4,6 +4,10 @@
 directory, 4 on a host fingerprint mismatch, 5 when outbox.db fails its integrity check, 3 on bad configuration. It
 also performs crash recovery (§4.11): inflight rows return to pending, a corrupt inbox.db is quarantined.
 ``Runtime`` is built in the worker: stores, event bus, metrics, group committer, broker link and the IPC app.
+
+Both build the daemon's parts from a ``Components`` (the reference's own classes and functions by default): the one
+seam for starting the real daemon with one part subclassed or wrapped, without replacing any module attribute
+(tests/conformance/mutants starts its deliberately broken daemons through it).
 """
 
 from __future__ import annotations
@@ -15,13 +19,14 @@ import os
 import sqlite3
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ulid import ULID
 
 from reference.clock import WallClock
-from reference.core import OutboxPolicy
+from reference.core import OutboxPolicy, SendRequest, parse_send
 from reference.trace import TraceWriter
 
 from . import identity
@@ -106,8 +111,29 @@ def trace_store_item(trace: TraceWriter, mesh: str, item: Any) -> None:
                    broker_message_id=current.broker_message_id, superseded_by=current.superseded_by)
 
 
-def preflight(state_dir: Path, config: Config) -> list[str]:
+@dataclass(frozen=True)
+class Components:
+    """What the daemon is built from; every field defaults to the reference's own and is called exactly like it.
+
+    ``preflight`` uses ``lock_state_dir``, ``check_host``, ``outbox_store`` and ``inbox_store``; ``Runtime`` uses
+    every store and class below and serves what ``create_app(ctx, requeue)`` returns. A replacement subclasses or
+    wraps the default (``dataclasses.replace(Components(), broker_link=MyLink)``) and keeps its signature.
+    """
+
+    outbox_store: type[OutboxStore] = OutboxStore
+    inbox_store: type[InboxStore] = InboxStore  # built with ``open_or_quarantine(path)``
+    event_bus: type[EventBus] = EventBus
+    broker_link: type[BrokerLink] = BrokerLink
+    committer: type[GroupCommitter] = GroupCommitter
+    create_app: Callable[[DaemonContext, Callable[..., dict[str, Any]]], Callable] = create_app  # the WSGI app
+    parse_send: Callable[[bytes, str | None], SendRequest] = parse_send  # POST /v1/send phase A (DaemonContext)
+    check_host: Callable[..., identity.HostCheck] = identity.check_host
+    lock_state_dir: Callable[[Path], None] = lock_state_dir
+
+
+def preflight(state_dir: Path, config: Config, components: Components | None = None) -> list[str]:
     """Checks and recovery before serving; returns log lines describing what was done."""
+    parts = components or Components()
     notes: list[str] = []
     state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(state_dir, 0o700)
@@ -119,10 +145,10 @@ def preflight(state_dir: Path, config: Config) -> list[str]:
     if config["ipc"]["tcp_enabled"] and not loopback and not config["ipc"]["allow_non_loopback"]:
         raise PreflightError(EXIT_CONFIG, f"ipc.http_bind {bind!r} is not loopback; set ipc.allow_non_loopback = true "
                              "to expose the daemon beyond this machine")
-    lock_state_dir(state_dir)
+    parts.lock_state_dir(state_dir)
     try:
-        check = identity.check_host(state_dir, config["identity"]["host_id_override"],
-                                    config["identity"]["stable_mac_override"])
+        check = parts.check_host(state_dir, config["identity"]["host_id_override"],
+                                 config["identity"]["stable_mac_override"])
     except identity.HostMismatch as exc:
         raise PreflightError(EXIT_HOST, str(exc)) from exc
     notes.append(f"host_fingerprint {check.result} {check.fingerprint[:16]}")
@@ -134,7 +160,7 @@ def preflight(state_dir: Path, config: Config) -> list[str]:
     if minted:
         notes.append("member keypair minted (keypair.json)")
     try:
-        outbox = OutboxStore(state_dir / "outbox.db", policy_for(config), config["outbox"]["synchronous"])
+        outbox = parts.outbox_store(state_dir / "outbox.db", policy_for(config), config["outbox"]["synchronous"])
     except (OutboxCorrupt, SchemaTooNew) as exc:
         raise PreflightError(EXIT_OUTBOX, f"{exc}; the outbox is never discarded automatically: restore it from "
                              "a backup or move it aside by hand") from exc
@@ -160,7 +186,7 @@ def preflight(state_dir: Path, config: Config) -> list[str]:
             finally:
                 trace.close()
     try:
-        inbox, quarantined = InboxStore.open_or_quarantine(state_dir / "inbox.db")
+        inbox, quarantined = parts.inbox_store.open_or_quarantine(state_dir / "inbox.db")
     except (sqlite3.Error, OSError, StoreError) as exc:
         raise PreflightError(EXIT_ERROR, f"{state_dir / 'inbox.db'} cannot be opened ({type(exc).__name__}: {exc}); "
                              "move it aside and start again (a fresh inbox is created)") from exc
@@ -174,7 +200,8 @@ class Runtime:
     """The daemon inside the gunicorn worker."""
 
     def __init__(self, state_dir: Path, config: Config, trace_dir: Path | None = None,
-                 on_fatal: Callable[[int, str], None] | None = None):
+                 on_fatal: Callable[[int, str], None] | None = None, components: Components | None = None):
+        parts = self.components = components or Components()
         self.state_dir = state_dir
         self.config = config
         self._on_fatal = on_fatal
@@ -184,28 +211,28 @@ class Runtime:
         self.token = identity.load_or_mint_token(state_dir)
         self.trace = (TraceWriter(trace_dir, "daemon", daemon_node(self.keypair), clock=self.clock) if trace_dir
                       else None)
-        self.outbox = OutboxStore(state_dir / "outbox.db", policy_for(config), config["outbox"]["synchronous"],
-                                  trace=self._trace_store if self.trace else None)
+        self.outbox = parts.outbox_store(state_dir / "outbox.db", policy_for(config), config["outbox"]["synchronous"],
+                                         trace=self._trace_store if self.trace else None)
         # §4.11 at every worker start, not only the master's: gunicorn starts a new worker after one is SIGKILLed,
         # and the rows the dead worker had in flight must go back to pending (a no-op after preflight's own pass).
         recovered = self.outbox.recover(self.clock.ms())
         if recovered:
             log.warning("crash recovery: %d inflight row(s) of a previous worker returned to pending", len(recovered))
-        self.inbox, _ = InboxStore.open_or_quarantine(state_dir / "inbox.db")
-        self.bus = EventBus(self.inbox, int(config["ipc"]["max_streams"]), float(config["ipc"]["keepalive_s"]),
-                            trace=self.trace)
+        self.inbox, _ = parts.inbox_store.open_or_quarantine(state_dir / "inbox.db")
+        self.bus = parts.event_bus(self.inbox, int(config["ipc"]["max_streams"]), float(config["ipc"]["keepalive_s"]),
+                                   trace=self.trace)
         self.metrics = DaemonMetrics(self.outbox)
-        self.link = BrokerLink(config=config.values, keypair=self.keypair, outbox=self.outbox,
-                               inbox=InboxReceiver(self.inbox, self.bus), publish=self.bus.publish,
-                               on_fatal=self._fatal, metrics=self.metrics, trace=self.trace, clock=self.clock)
+        self.link = parts.broker_link(config=config.values, keypair=self.keypair, outbox=self.outbox,
+                                      inbox=InboxReceiver(self.inbox, self.bus), publish=self.bus.publish,
+                                      on_fatal=self._fatal, metrics=self.metrics, trace=self.trace, clock=self.clock)
         self.metrics.link = self.link
         self.link.state.quarantined = self.inbox.quarantine_count()
-        self.committer = GroupCommitter(self.outbox.accept_batch, float(config["outbox"]["group_commit_ms"]) / 1000)
+        self.committer = parts.committer(self.outbox.accept_batch, float(config["outbox"]["group_commit_ms"]) / 1000)
         self.ctx = DaemonContext(config=config.values, token=self.token, outbox=self.outbox, inbox=self.inbox,
                                  link=self.link, events=self.bus, committer=self.committer, metrics=self.metrics,
                                  member_pubkey=self.keypair.public_hex, clock=self.clock,
-                                 started_at=self.clock())
-        self.app = create_app(self.ctx, self.requeue)
+                                 started_at=self.clock(), parse_send=parts.parse_send)
+        self.app = parts.create_app(self.ctx, self.requeue)
         self._closed = threading.Event()
 
     def _trace_store(self, item: Any) -> None:
