@@ -187,6 +187,20 @@ class Launched:
             time.sleep(0.05)
         raise LaunchError(f"no answer on {self.socket_path} within {self.ready_timeout:g} s:\n{self.tail()}")
 
+    def wait_connected(self, timeout: float = 15.0) -> None:
+        """Wait until ``GET /v1/health`` reports ``connected`` — a convenience for the reference daemon's own tests;
+        the harness decides "linked" from its broker peer's evidence, never from a member the spec does not define."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with self.unix(timeout=2.0) as client:
+                    if client.get("/v1/health").json().get("connected"):
+                        return
+            except (httpx.HTTPError, ValueError, AttributeError):
+                pass
+            time.sleep(0.05)
+        raise LaunchError(f"not connected within {timeout:g} s:\n{self.tail()}")
+
     def tail(self, lines: int = 40) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])

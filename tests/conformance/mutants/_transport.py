@@ -302,13 +302,7 @@ def _host_mismatch_accepted():
 
 
 @mutant("singleton-not-enforced", "a second daemon on one state directory starts: the pid is written, nothing locked",
-        kills=("LIFE-SINGLETON",), select=("lifecycle.singleton",), seam="lock_state_dir", est_s=20,
-        known_gap="lifecycle.singleton starts the second daemon on the first one's {port}: without the lock it still "
-        "exits (1, not 6: 'Address already in use'), so LIFE-SINGLETON passes and only LIFE-EXIT-CODES fails, for the "
-        "wrong reason. Meanwhile it has replaced the first daemon's daemon.sock, but the 'first keeps serving' check "
-        "raises a connection error outside verdict.check, which is not attributed to LIFE-SINGLETON. Kill: give the "
-        "second instance a free port (Launched(..., port=free_port())) so only the state-directory lock can refuse it, "
-        "and wrap the health check of the first in verdict.check('LIFE-SINGLETON')")
+        kills=("LIFE-SINGLETON",), select=("lifecycle.singleton",), seam="lock_state_dir", est_s=20)
 def _singleton_not_enforced():
     def lock_state_dir(state_dir):
         (Path(state_dir) / "daemon.pid").write_text(f"{os.getpid()}\n", encoding="ascii")
