@@ -547,13 +547,15 @@ class BrokerServer:
     def _ack(self, session: Session, frame: dict[str, Any], delivery_id: int) -> None:
         try:
             with self._writer:
-                acked = self.store.ack_delivery(delivery_id, session.pubkey, self._now_ms())
+                acked = self.store.ack_delivery(delivery_id, session.pubkey, self._now_ms(),
+                                                broker_message_id=frame["brokerMessageId"])
             if acked:
                 self._emit("delivery_ack", mesh=session.mesh_id, broker_message_id=frame["brokerMessageId"],
                            client_message_id=frame["clientMessageId"], recipient=session.pubkey,
                            delivery_id=str(delivery_id))
             else:
-                session.send(error_frame("unknown_delivery", f"no delivery {delivery_id} for this member"))
+                session.send(error_frame("unknown_delivery", f"no delivery {delivery_id} of message "
+                                         f"{frame['brokerMessageId'][:32]} for this member"))
         except Exception:
             log.exception("client_ack of delivery %s failed; it is delivered again after its lease", delivery_id)
         finally:
