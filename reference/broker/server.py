@@ -317,12 +317,22 @@ class BrokerServer:
             raise _Refused("protocol_error", f"invalid {expected}: {problem}")
         return frame
 
+    def _signature_verified(self, hello: dict[str, Any]) -> bool:
+        """Whether the hello's signature verifies (E-22). A seam: the conformance tests subclass it."""
+        return signature_ok(hello)
+
+    def _hello_skew_ms(self, timestamp_ms: int) -> int | None:
+        """How far a hello's timestamp is from the broker's clock when that is beyond ``hello_skew_s`` (E-22: ±60 s,
+        either way), else None. A seam like ``_signature_verified``."""
+        skew_ms = abs(self._now_ms() - timestamp_ms)
+        return skew_ms if skew_ms > self.config.hello_skew_s * 1000 else None
+
     def _handshake(self, conn: ServerConnection) -> Session:
         hello = self._recv_frame(conn, "hello")
-        if not signature_ok(hello):
+        if not self._signature_verified(hello):
             raise _Refused("unauthorized", "bad hello signature")
-        skew_ms = abs(self._now_ms() - hello["timestamp"])
-        if skew_ms > self.config.hello_skew_s * 1000:
+        skew_ms = self._hello_skew_ms(hello["timestamp"])
+        if skew_ms is not None:
             raise _Refused("hello_expired", f"hello timestamp is {skew_ms} ms away from the broker's clock")
         mesh_id, pubkey = hello["meshId"], hello["pubkey"]
         if self.config.dev:
