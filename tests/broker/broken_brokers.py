@@ -463,13 +463,13 @@ CATALOGUE: dict[str, Broken] = {b.name: b for b in (
     Broken("race-second-winner", "concurrent sends of one id each get a 201", ("BRK-CONCURRENT-ONE-MESSAGE",),
            ("broker.accept.concurrent",), open_store=_wrapped(_RaceSecondWinner), default=True),
     Broken("race-mismatch-answered-200", "concurrent sends of one id are all duplicates, whatever their body",
-           ("BRK-CONCURRENT-ONE-MESSAGE",), ("broker.accept.concurrent",),
+           ("BRK-DUP-MISMATCH",), ("broker.accept.concurrent",),
            open_store=_wrapped(_RaceMismatchAnswered200)),
     # delivery
     Broken("never-redelivers", "pushes each delivery once", ("BRK-REDELIVER",), ("broker.delivery",),
            make_server=NeverRedelivers, lease_s=2.0, default=True),
     Broken("pushes-refused-sends", "pushes a DM whether it was accepted or not", ("BRK-DELIVERY-COMMITTED",),
-           ("broker.delivery",), make_server=PushesRefusedSends, lease_s=2.0, default=True),
+           ("broker.delivery",), make_server=PushesRefusedSends, lease_s=2.0),
     Broken("ack-from-any-member", "a client_ack from any member settles the delivery", ("BRK-CLIENT-ACK",),
            ("broker.delivery",), open_store=_sqlite(_ack_statement(
                "id = :id AND (:broker_message_id IS NULL OR broker_message_id = :broker_message_id)")), lease_s=2.0,
