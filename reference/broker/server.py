@@ -508,15 +508,17 @@ class BrokerServer:
         if self.trace is None:  # tracing is off: build no event
             return
         answered = result.body.get("broker_message_id") if result.http_status in (200, 201) else None
-        self._emit("accept_decision", mesh=request.mesh_id, client_message_id=request.client_message_id,
-                   request_fingerprint=request.request_fingerprint.hex(), table_row=result.table_row,
-                   phase=PHASE[result.table_row], status=result.http_status, broker_message_id=answered,
-                   member=session.pubkey)
+        # The commit first: a broker stopped between the two writes leaves a commit without its decision, which the
+        # trace checks allow (TRC-SIDE-EFFECTS), never a BRK-ACCEPT decision without its commit.
         if result.committed:
             self._emit("accept_commit", mesh=request.mesh_id, client_message_id=request.client_message_id,
                        broker_message_id=answered, request_fingerprint=request.request_fingerprint.hex(),
                        destination_kind=request.destination_kind, destination_ref=request.destination_ref,
                        effects=dict(result.effects), recipients=len(result.recipients))
+        self._emit("accept_decision", mesh=request.mesh_id, client_message_id=request.client_message_id,
+                   request_fingerprint=request.request_fingerprint.hex(), table_row=result.table_row,
+                   phase=PHASE[result.table_row], status=result.http_status, broker_message_id=answered,
+                   member=session.pubkey)
 
     # --- deliveries ------------------------------------------------------------------------------------------------
 
