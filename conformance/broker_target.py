@@ -1,8 +1,16 @@
 """The broker under test: an already running one (``--url ws://…``) or one the harness launches and can restart.
 
 The reference target launches `meshd broker serve --dev` on a SQLite store in a temporary directory. A launch
-template for another broker uses ``{port}`` (a free 127.0.0.1 port to listen on) and ``{state_dir}``. Brokers in
-development mode admit any member; for a production broker, give the harness member keys it has registered.
+template for another broker uses ``{port}`` (a free 127.0.0.1 port to listen on) and ``{state_dir}``; so may
+``--store-dsn`` (``sqlite:///{state_dir}/broker.db``), for a launched broker whose store lives in its state directory.
+The harness plays members of a broker in development mode (any ed25519 key is admitted, topics may be created on first
+use).
+
+The delivery lease. The spec names no lease length and no way to advertise one, so the cases ask ``lease_for``: the
+lease given on the command line (``--lease-s``), else one the broker advertises (a ``lease_ms`` or ``lease_s``
+parameter of any bit it offers in its feature_negotiation_response: feature params are open, E-28), else the one the
+harness's own reference template sets, else ``DEFAULT_LEASE_S`` — the reference broker's and upstream claudemesh's
+default. A redelivery is awaited for twice the lease plus a margin (``redelivery_wait_s``), never for a guess.
 """
 
 from __future__ import annotations
@@ -19,13 +27,20 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .launch import free_port
 
+#: the lease the reference template sets, so the suite's delivery cases take seconds
+REFERENCE_LEASE_S = 1.0
 REFERENCE_BROKER = (
     f"{shlex.quote(sys.executable)} -m reference.cli broker serve --store sqlite:///{{state_dir}}/broker.db "
-    "--listen 127.0.0.1:{port} --dev --lease-s 1.0 --inline-bytes 65536"
+    f"--listen 127.0.0.1:{{port}} --dev --lease-s {REFERENCE_LEASE_S} --inline-bytes 65536"
 )
+#: the lease of a broker that names none: `meshd broker serve`'s default, and upstream claudemesh's ("a 30 s lease")
+DEFAULT_LEASE_S = 30.0
+#: parameter names a broker may carry its lease in (not in the spec: an open-params convention the harness reads)
+ADVERTISED_LEASE_PARAMS = {"lease_ms": 0.001, "lease_s": 1.0}
 
 
 class BrokerTargetError(RuntimeError):
@@ -47,7 +62,31 @@ class BrokerTarget:
     def can_restart(self) -> bool:
         return self.template is not None
 
+    def lease_for(self, negotiation: dict[str, Any] | None) -> tuple[float, str]:
+        """The delivery lease in seconds, and where it came from (see the module docstring)."""
+        if self.lease_s is not None:
+            return self.lease_s, f"--lease-s {self.lease_s:g}"
+        supported = (negotiation or {}).get("supported")
+        for bit, entry in (supported.items() if isinstance(supported, dict) else ()):
+            params = entry.get("params") if isinstance(entry, dict) else None
+            for name, scale in ADVERTISED_LEASE_PARAMS.items():
+                value = params.get(name) if isinstance(params, dict) else None
+                if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+                    return value * scale, f"advertised by the broker ({bit}.params.{name} = {value})"
+        if self.template is not None and self.template.startswith(REFERENCE_BROKER):
+            return REFERENCE_LEASE_S, "the harness's reference launch template"
+        return DEFAULT_LEASE_S, (f"the default {DEFAULT_LEASE_S:g} s (the broker names no lease; give --lease-s if "
+                                 "it uses another)")
+
+    @staticmethod
+    def redelivery_wait_s(lease_s: float) -> float:
+        """How long a redelivery may take: the first push's lease runs out, and a second one for a broker that looks
+        at lapsed leases only now and then, plus a margin for a loaded machine."""
+        return 2 * lease_s + max(3.0, 0.1 * lease_s)
+
     def start(self) -> BrokerTarget:
+        if self.store_dsn is not None and "{state_dir}" in self.store_dsn:
+            self.store_dsn = self.store_dsn.replace("{state_dir}", str(self.workdir / "broker"))
         if self.template is not None:
             (self.workdir / "broker").mkdir(parents=True, exist_ok=True)
             if self.template == REFERENCE_BROKER and self.store_dsn is None:

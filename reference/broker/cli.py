@@ -17,6 +17,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +55,11 @@ def _write_atomically(path: Path, text: str) -> None:
 
 # --- serve ---------------------------------------------------------------------------------------------------------
 
-def cmd_serve(args: argparse.Namespace) -> int:
+def cmd_serve(args: argparse.Namespace, *, open_store: Callable[[str], Any] | None = None,
+              make_server: Callable[..., Any] | None = None) -> int:
+    """``meshd broker serve``. ``open_store(url)`` (a migrated store; default: the engine's) and
+    ``make_server(config, store)`` (default: ``BrokerServer``) are seams for tests that serve a deliberately different
+    broker through the same command (tests/broker/broken_brokers.py)."""
     from reference.broker.config import BrokerConfig, BrokerConfigError, load_advertise
     from reference.broker.server import BrokerServer
 
@@ -80,14 +85,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(DEV_BANNER, file=sys.stderr, flush=True)
         logging.getLogger("meshbroker").warning("dev mode: every member is admitted (not for production)")
     try:
-        store = _open(config.store_url)
+        store = (open_store or _open)(config.store_url)
     except Exception as exc:
         print(f"meshd broker: cannot open the store: {exc}", file=sys.stderr)
         return EXIT_FAILED
     # The thread holding SQLite's write lock must get the GIL back as soon as its fsync returns; with the default
     # 5 ms switch interval it queues behind connection threads and every accept behind it waits too.
     sys.setswitchinterval(0.0001)
-    broker = BrokerServer(config, store)
+    broker = (make_server or BrokerServer)(config, store)
     try:
         bound = broker.start()
     except OSError as exc:

@@ -347,12 +347,22 @@ class BrokerServer:
             raise _Refused("protocol_error", f"invalid {expected}: {problem}")
         return frame
 
+    def _signature_verified(self, hello: dict[str, Any]) -> bool:
+        """Whether the hello's signature verifies (E-22). A seam: the conformance tests subclass it."""
+        return signature_ok(hello)
+
+    def _hello_skew_ms(self, timestamp_ms: int) -> int | None:
+        """How far a hello's timestamp is from the broker's clock when that is beyond ``hello_skew_s`` (E-22: ±60 s,
+        either way), else None. A seam like ``_signature_verified``."""
+        skew_ms = abs(self._now_ms() - timestamp_ms)
+        return skew_ms if skew_ms > self.config.hello_skew_s * 1000 else None
+
     def _handshake(self, conn: ServerConnection) -> Session:
         hello = self._recv_frame(conn, "hello")
-        if not signature_ok(hello):
+        if not self._signature_verified(hello):
             raise _Refused("unauthorized", "bad hello signature")
-        skew_ms = abs(self._now_ms() - hello["timestamp"])
-        if skew_ms > self.config.hello_skew_s * 1000:
+        skew_ms = self._hello_skew_ms(hello["timestamp"])
+        if skew_ms is not None:
             raise _Refused("hello_expired", f"hello timestamp is {skew_ms} ms away from the broker's clock")
         mesh_id, pubkey = hello["meshId"], hello["pubkey"]
         if self.config.dev:
@@ -529,15 +539,17 @@ class BrokerServer:
         if self.trace is None:  # tracing is off: build no event
             return
         answered = result.body.get("broker_message_id") if result.http_status in (200, 201) else None
-        self._emit("accept_decision", mesh=request.mesh_id, client_message_id=request.client_message_id,
-                   request_fingerprint=request.request_fingerprint.hex(), table_row=result.table_row,
-                   phase=PHASE[result.table_row], status=result.http_status, broker_message_id=answered,
-                   member=session.pubkey)
+        # The commit first: a broker stopped between the two writes leaves a commit without its decision, which the
+        # trace checks allow (TRC-SIDE-EFFECTS), never a BRK-ACCEPT decision without its commit.
         if result.committed:
             self._emit("accept_commit", mesh=request.mesh_id, client_message_id=request.client_message_id,
                        broker_message_id=answered, request_fingerprint=request.request_fingerprint.hex(),
                        destination_kind=request.destination_kind, destination_ref=request.destination_ref,
                        effects=dict(result.effects), recipients=len(result.recipients))
+        self._emit("accept_decision", mesh=request.mesh_id, client_message_id=request.client_message_id,
+                   request_fingerprint=request.request_fingerprint.hex(), table_row=result.table_row,
+                   phase=PHASE[result.table_row], status=result.http_status, broker_message_id=answered,
+                   member=session.pubkey)
 
     # --- deliveries ------------------------------------------------------------------------------------------------
 
@@ -578,13 +590,15 @@ class BrokerServer:
     def _ack(self, session: Session, frame: dict[str, Any], delivery_id: int) -> None:
         try:
             with self._writer:
-                acked = self.store.ack_delivery(delivery_id, session.pubkey, self._now_ms())
+                acked = self.store.ack_delivery(delivery_id, session.pubkey, self._now_ms(),
+                                                broker_message_id=frame["brokerMessageId"])
             if acked:
                 self._emit("delivery_ack", mesh=session.mesh_id, broker_message_id=frame["brokerMessageId"],
                            client_message_id=frame["clientMessageId"], recipient=session.pubkey,
                            delivery_id=str(delivery_id))
             else:
-                session.send(error_frame("unknown_delivery", f"no delivery {delivery_id} for this member"))
+                session.send(error_frame("unknown_delivery", f"no delivery {delivery_id} of message "
+                                         f"{frame['brokerMessageId'][:32]} for this member"))
         except Exception:
             log.exception("client_ack of delivery %s failed; it is delivered again after its lease", delivery_id)
         finally:

@@ -570,10 +570,12 @@ class SqlBrokerStore(BrokerStore):
             rows = self._x(cur, "leased_deliveries", ids=self._id_list(ids)).fetchall()
         return [_delivery(row) for row in rows]
 
-    def ack_delivery(self, delivery_id: int, recipient: str, now_ms: int | None = None) -> bool:
+    def ack_delivery(self, delivery_id: int, recipient: str, now_ms: int | None = None, *,
+                     broker_message_id: str | None = None) -> bool:
         with self._transaction(write=True) as cur:
             acked_at = _now_ms() if now_ms is None else now_ms
-            cur = self._x(cur, "ack_delivery", id=delivery_id, recipient=recipient, now=acked_at)
+            cur = self._x(cur, "ack_delivery", id=delivery_id, recipient=recipient, now=acked_at,
+                          broker_message_id=broker_message_id)
             return cur.rowcount == 1
 
     # --- retention and expiry (§17 steps 5 and 6) ----------------------------------------------------------------

@@ -224,8 +224,11 @@ class BrokerStore(abc.ABC):
         """
 
     @abc.abstractmethod
-    def ack_delivery(self, delivery_id: int, recipient: str, now_ms: int | None = None) -> bool:
-        """Mark a delivery acked (idempotent); False if no such delivery belongs to ``recipient``."""
+    def ack_delivery(self, delivery_id: int, recipient: str, now_ms: int | None = None, *,
+                     broker_message_id: str | None = None) -> bool:
+        """Mark a delivery acked (idempotent); False if no such delivery belongs to ``recipient`` or, when
+        ``broker_message_id`` is given (a client_ack's ``brokerMessageId``), carries another message (BRK-CLIENT-ACK:
+        an ack whose ids disagree settles nothing)."""
 
     @abc.abstractmethod
     def prune_messages(self, before_ms: int) -> int:

@@ -141,7 +141,8 @@ SQL: dict[str, str] = {
     ),
     "ack_delivery": (
         "UPDATE mesh.delivery_queue SET acked_at = COALESCE(acked_at, mesh.ms_to_ts(%(now)s)) "
-        "WHERE id = %(id)s AND recipient_pubkey = %(recipient)s"
+        "WHERE id = %(id)s AND recipient_pubkey = %(recipient)s "
+        "AND (%(broker_message_id)s::text IS NULL OR broker_message_id = %(broker_message_id)s)"
     ),
     # retention (§17 step 6) and expiry (§17 step 5)
     "prune_flip_history": (

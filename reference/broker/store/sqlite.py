@@ -128,7 +128,9 @@ SQL: dict[str, str] = {
         "WHERE d.id IN (SELECT value FROM json_each(:ids)) ORDER BY d.id"
     ),
     "ack_delivery": (
-        "UPDATE delivery_queue SET acked_at = COALESCE(acked_at, :now) WHERE id = :id AND recipient_pubkey = :recipient"
+        "UPDATE delivery_queue SET acked_at = COALESCE(acked_at, :now) "
+        "WHERE id = :id AND recipient_pubkey = :recipient "
+        "AND (:broker_message_id IS NULL OR broker_message_id = :broker_message_id)"
     ),
     # retention (§17 step 6) and expiry (§17 step 5)
     "prune_flip_history": (
