@@ -178,12 +178,14 @@ def test_advertised_dedupe_policy_is_the_meshs(broker_target, member, verdict):
 # --- the accept decision -------------------------------------------------------------------------------------------
 
 
-@case("broker.accept.outcomes", "BRK-FIRST-INSERT", "BRK-DUP-MATCH", "BRK-DUP-MISMATCH", "WS-ACK-STATUS")
+@case("broker.accept.outcomes", "BRK-FIRST-INSERT", "BRK-DUP-MATCH", "BRK-DUP-MISMATCH", "BRK-DUP-MISMATCH-PREFIX",
+      "WS-ACK-STATUS")
 def test_first_duplicate_and_mismatch(broker_target, member, verdict):
     """201; two retries answered 200 with the original's broker_message_id, history_id and one first_seen_at (the
     original's, not the retry's); another body 409 whose prefix is this send's fingerprint (E-31); the original again
     still 200 (the 409 changed nothing)."""
-    sender = join(member, verdict, ("BRK-FIRST-INSERT", "BRK-DUP-MATCH", "BRK-DUP-MISMATCH", "WS-ACK-STATUS"))
+    sender = join(member, verdict, ("BRK-FIRST-INSERT", "BRK-DUP-MATCH", "BRK-DUP-MISMATCH", "BRK-DUP-MISMATCH-PREFIX",
+                                    "WS-ACK-STATUS"))
     key = cmid("accept")
     original = send_frame(key, TOPIC, "first")
     sent_at = sender.broker_now_ms()
@@ -222,7 +224,11 @@ def test_first_duplicate_and_mismatch(broker_target, member, verdict):
     verdict.expect("BRK-DUP-MISMATCH", status(conflict) == 409 and conflict.get("error") == "idempotency_key_reused"
                    and conflict.get("conflict") == "request_fingerprint_mismatch",
                    f"a retry with another body was answered {summary(conflict)}, not 409 request_fingerprint_mismatch")
-    verdict.expect("BRK-DUP-MISMATCH", (conflict or {}).get("broker_fingerprint_prefix") == fingerprint_of(other)[:16],
+    prefix = (conflict or {}).get("broker_fingerprint_prefix")
+    verdict.expect("BRK-DUP-MISMATCH", isinstance(prefix, str) and len(prefix) == 16
+                   and all(c in "0123456789abcdef" for c in prefix),
+                   f"the 409 carries broker_fingerprint_prefix {prefix!r}, not 8 bytes of hex")
+    verdict.expect("BRK-DUP-MISMATCH-PREFIX", prefix == fingerprint_of(other)[:16],
                    f"the 409 names prefix {(conflict or {}).get('broker_fingerprint_prefix')!r}; the broker's "
                    f"recomputation of this send is {fingerprint_of(other)[:16]} (the stored one "
                    f"{fingerprint_of(original)[:16]}) — E-31")
@@ -233,12 +239,12 @@ def test_first_duplicate_and_mismatch(broker_target, member, verdict):
     record_shape(verdict, [first, *retries, conflict, after])
 
 
-@case("broker.accept.recompute", "BRK-RECOMPUTE", "WS-ACK-STATUS")
+@case("broker.accept.recompute", "BRK-RECOMPUTE", "BRK-RECOMPUTE-DRIFT", "WS-ACK-STATUS")
 def test_claimed_fingerprint_is_recomputed(broker_target, member, verdict):
     """E-21: a claimed fingerprint that is not the broker's recomputation is 409 canonical_form_drift before any
     write — on a first send (the id stays free) and on a retry of an accepted send (not a 200: the dedupe row stays
     as it was, so the honest retry is still the original's duplicate)."""
-    sender = join(member, verdict, ("BRK-RECOMPUTE", "WS-ACK-STATUS"))
+    sender = join(member, verdict, ("BRK-RECOMPUTE", "BRK-RECOMPUTE-DRIFT", "WS-ACK-STATUS"))
     acks = []
     for when in ("first send", "retry"):
         key = cmid("drift")
@@ -249,23 +255,27 @@ def test_claimed_fingerprint_is_recomputed(broker_target, member, verdict):
             sender.send(honest)
             original = sender.ack(key, count := count + 1)
             if status(original) != 201:
-                verdict.blocked(["BRK-RECOMPUTE"], f"an honest send was answered {summary(original)}")
+                verdict.blocked(["BRK-RECOMPUTE", "BRK-RECOMPUTE-DRIFT"],
+                                f"an honest send was answered {summary(original)}")
         sender.send({**honest, "request_fingerprint": "ab" * 32})
         drift = sender.ack(key, count := count + 1)
         acks += [original, drift]
-        verdict.expect("BRK-RECOMPUTE", status(drift) == 409 and drift.get("conflict") == "canonical_form_drift"
+        verdict.expect("BRK-RECOMPUTE", status(drift) == 409
                        and drift.get("broker_fingerprint_prefix") == fingerprint_of(honest)[:16],
                        f"a {when} claiming a fingerprint that is not the frame's was answered {summary(drift)}, not "
-                       f"409 canonical_form_drift with the broker's prefix {fingerprint_of(honest)[:16]}")
+                       f"409 with the broker's own fingerprint {fingerprint_of(honest)[:16]}")
+        verdict.expect("BRK-RECOMPUTE-DRIFT", status(drift) == 409 and drift.get("conflict") == "canonical_form_drift",
+                       f"a {when} claiming a fingerprint that is not the frame's was answered {summary(drift)}, not "
+                       "409 canonical_form_drift")
         sender.send(honest)
         again = sender.ack(key, count + 1)
         acks.append(again)
         if when == "first send":
-            verdict.expect("BRK-RECOMPUTE", status(again) == 201,
+            verdict.expect("BRK-RECOMPUTE-DRIFT", status(again) == 201,
                            f"after a drift refusal the honest send was answered {summary(again)}, not 201: the refusal "
                            "left a dedupe row")
             continue
-        verdict.expect("BRK-RECOMPUTE", status(again) == 200 and again.get("broker_message_id")
+        verdict.expect("BRK-RECOMPUTE-DRIFT", status(again) == 200 and again.get("broker_message_id")
                        == original.get("broker_message_id"),
                        f"after a drift refusal of a retry the honest retry was answered {summary(again)}, not a "
                        f"duplicate of {original.get('broker_message_id')}: the refusal changed the dedupe row")
