@@ -12,7 +12,8 @@ Rules of this file — the harness cannot crash or hang:
   teardown. Nodes that would start after the deadline are skipped with that reason.
 * A node's failure is attributed (verdict.py): explicit checks first; an unattributed target failure fails only the
   declared requirements the node recorded nothing for. An exception that is not a target failure is a fault of the
-  harness: it is reported as a harness error (exit 2), never as the implementation's failure.
+  harness: it is reported as a harness error (exit 2), never as the implementation's failure, and every requirement
+  the node declares gets an ``error`` check (its checks did not all run, so none of them may read ``pass``).
 * A response outside spec/openapi.yaml is evidence against API-CONFORMS (an OpenAPI-shape requirement) only.
 """
 
@@ -437,8 +438,8 @@ def _attribute(declared: tuple[str, ...], recorder: Verdicts | None, node: NodeR
         checks += [Check(r, "skip", node.detail) for r in rest]
     elif node.outcome == "failed" and not node.attributed:
         checks += [Check(r, "fail", node.detail) for r in rest]
-    elif node.outcome == "error":
-        checks += [Check(r, "error", node.detail) for r in rest]
+    elif node.outcome == "error":  # the node stopped part-way: no declared requirement's checks are complete
+        checks += [Check(r, "error", node.detail) for r in declared]
     return checks
 
 

@@ -47,6 +47,11 @@ class Check:
     detail: str = ""
 
 
+class HarnessMisuse(Exception):
+    """A case used the recorder wrongly (a requirement it does not declare): a fault of the harness, never the
+    implementation's (deliberately not a ValueError, which TARGET_FAILURES counts as the target's)."""
+
+
 @dataclass
 class Verdicts:
     """The checks one test node recorded."""
@@ -57,7 +62,7 @@ class Verdicts:
 
     def _add(self, requirement: str, outcome: str, detail: str) -> None:
         if requirement not in self.declared:
-            raise ValueError(f"{self.node}: {requirement} is not declared by this case (@case lists "
+            raise HarnessMisuse(f"{self.node}: {requirement} is not declared by this case (@case lists "
                              f"{', '.join(self.declared)})")
         self.checks.append(Check(requirement, outcome, detail[:2000]))
 

@@ -14,6 +14,7 @@ valid request, is accepted with 201 (it would be 200 or 409 if a dedupe row had 
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -41,6 +42,9 @@ from conformance.member import fingerprint_of, send_frame
 from conformance.registry import case
 from conformance.store_inventory import dedupe_row, message_count
 from reference.core import negotiate
+from spec import load_table
+
+LIMITS = {name: entry["value"] for name, entry in load_table("limits")["limits"].items()}
 
 # --- hello and close codes -----------------------------------------------------------------------------------------
 
@@ -121,6 +125,106 @@ def test_frames_out_of_order_or_unparsable_close_4005(member, verdict):
         verdict.expect("BRK-PROTOCOL-ERROR", outcome == 4005 and not accepted,
                        f"after {what} the connection was {'closed ' if outcome != 'open' else 'left '}{outcome}"
                        f"{', and the send was accepted' if accepted else ''}; expected a 4005 protocol_error close")
+
+
+def _nested(levels: int) -> dict:
+    """An object ``levels`` deep (itself level 1)."""
+    value: object = 1
+    for _ in range(levels):
+        value = {"a": value}
+    return value  # type: ignore[return-value]
+
+
+@case("broker.frame_limits", "BRK-FRAME-LIMITS", "BRK-B1-NO-WRITE", "WS-ACK-STATUS")
+def test_frames_past_the_json_limits(member, verdict):
+    """E-40, limits.yaml, at each boundary: a send nested exactly json_max_depth levels is accepted 201 and one
+    level deeper is refused 400 limit_exceeded with its id left free; a send holding an integer literal of
+    json_max_integer_digits + 1 digits is refused 400 limit_exceeded; another frame past a limit gets an error frame
+    (invalid_frame) and the connection carries on; a frame too deep to parse closes 4005; a message of exactly
+    link_frame_max_bytes bytes is acknowledged (not closed) and one byte more closes 1009; another member is served
+    after each close."""
+    requirements = ("BRK-FRAME-LIMITS", "BRK-B1-NO-WRITE")
+    depth, digits = LIMITS["json_max_depth"], LIMITS["json_max_integer_digits"]
+    frame_max = LIMITS["link_frame_max_bytes"]
+    sender = join(member, verdict, requirements)
+    acks = []
+    # the frame is level 1 and meta level 2: meta nested depth - 1 levels makes the frame exactly `depth` deep
+    for levels, expected in ((depth, (201, None)), (depth + 1, (400, "limit_exceeded"))):
+        key = cmid(f"depth-{levels}")
+        sender.send(send_frame(key, TOPIC, "nested meta", meta=_nested(levels - 1)))
+        got = sender.ack(key, 1, ANSWER_S)
+        acks.append(got)
+        seen = (status(got), got.get("error") if got and status(got) != 201 else None)
+        verdict.expect("BRK-FRAME-LIMITS", seen == expected,
+                       f"a send nested {levels} levels deep (json_max_depth {depth}) was answered {summary(got)}, "
+                       f"not {expected[0]}{' ' + expected[1] if expected[1] else ''}")
+        if expected[0] == 400 and status(got) not in (200, 201):
+            free, reuse = _reuse_is_free(sender, key, 2)
+            verdict.expect("BRK-B1-NO-WRITE", free, f"after refusing the too-deep send the same id, now valid, was "
+                                                    f"answered {reuse}, not 201: the refusal left a dedupe row")
+    key = cmid("digits")
+    long_int = json.dumps(send_frame(key, TOPIC, "long integer", meta={"n": "@"})).replace(
+        '"@"', "7" * (digits + 1))
+    sender.send(long_int)
+    got = sender.ack(key, 1, ANSWER_S)
+    acks.append(got)
+    verdict.expect("BRK-FRAME-LIMITS", got is not None and (status(got), got.get("error")) == (400, "limit_exceeded"),
+                   f"a send holding a {digits + 1}-digit integer (json_max_integer_digits {digits}) was answered "
+                   f"{summary(got)}, not 400 limit_exceeded")
+    errors_before = len(sender.errors())
+    sender.send('{"type":"list_peers","x":' + json.dumps(_nested(depth + 1)) + "}")
+    error = sender.poll(lambda: sender.errors()[errors_before:], ANSWER_S)
+    verdict.expect("BRK-FRAME-LIMITS", bool(error) and error[0].get("code") == "invalid_frame",
+                   f"a list_peers frame nested past json_max_depth was answered {error[0] if error else 'nothing'} "
+                   f"(connection {'closed ' + str(sender.close_code) if sender.closed else 'open'}), not an error "
+                   "frame with code invalid_frame")
+    key = cmid("after-limits")
+    sender.send(send_frame(key, TOPIC, "the connection carries on"))
+    after = sender.ack(key, 1, ANSWER_S)
+    verdict.expect("BRK-FRAME-LIMITS", status(after) == 201,
+                   f"after the frames past the limits a valid send on the same connection was answered "
+                   f"{summary(after)}, not 201")
+    record_shape(verdict, acks)
+    sender.close()
+
+    def then_served(what: str) -> None:
+        other = join(member, verdict, requirements, name="after-close")
+        key = cmid("served")
+        other.send(send_frame(key, TOPIC, f"after {what}"))
+        served = other.ack(key, 1, ANSWER_S)
+        verdict.expect("BRK-FRAME-LIMITS", status(served) == 201,
+                       f"after {what} another member's valid send was answered {summary(served)}, not 201")
+        other.close()
+
+    deep = join(member, verdict, requirements, name="too-deep")
+    deep.send('{"type":"send","meta":' + '{"a":' * 100_000 + "1" + "}" * 100_000 + "}")
+    outcome = deep.close_code_within(CLOSE_S)
+    verdict.expect("BRK-FRAME-LIMITS", outcome == 4005,
+                   f"a frame nested 100001 levels deep was followed by {outcome!r}, not a 4005 protocol_error close")
+    then_served("a frame too deep to parse")
+
+    for size in (frame_max, frame_max + 1):
+        peer = join(member, verdict, requirements, name=f"frame-{size}")
+        key = cmid(f"frame-{size}")
+        frame = send_frame(key, TOPIC, "")
+        padding = size - len(json.dumps(frame).encode())
+        text = json.dumps(send_frame(key, TOPIC, "x" * padding))
+        assert len(text.encode()) == size, (len(text.encode()), size)
+        peer.send(text)
+        if size == frame_max:
+            got = peer.ack(key, 1, ANSWER_S)
+            verdict.expect("BRK-FRAME-LIMITS", got is not None and not peer.closed,
+                           f"a send message of exactly link_frame_max_bytes = {frame_max} bytes was answered "
+                           f"{summary(got)} (connection {'closed ' + str(peer.close_code) if peer.closed else 'open'})"
+                           ", not acknowledged on an open connection (413 payload_too_large when its body is past "
+                           "inline_bytes)")
+        else:
+            outcome = peer.close_code_within(CLOSE_S)
+            verdict.expect("BRK-FRAME-LIMITS", outcome == 1009 and not peer.acks(key),
+                           f"a message of link_frame_max_bytes + 1 = {size} bytes was followed by {outcome!r}"
+                           f"{' and an ack' if peer.acks(key) else ''}, not a 1009 close")
+            then_served("a message past link_frame_max_bytes")
+        peer.close()
 
 
 # --- negotiation ---------------------------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from reference.broker.server import DAEMON_FRAMES, BrokerServer
 from reference.broker.store import AcceptChecks, AcceptRequest, AcceptResult, BrokerStore, rfc3339_ms
 from reference.broker.store.sqlite import SqliteStore
 from reference.core.fingerprint import FingerprintInput, request_fingerprint
+from reference.core.limits import LimitExceeded, Unparsable, limit, loads
 
 # --- seams: a store wrapper, a connection wrapper ------------------------------------------------------------------
 
@@ -111,7 +112,9 @@ class ConnWrapper:
 
 
 def _parsed(raw: Any) -> dict[str, Any] | None:
-    return BrokerServer._parse(raw)
+    """The frame the reference's parser reads from ``raw``, or None when it reads none."""
+    frame, _ = BrokerServer._parse(raw)
+    return frame
 
 
 # --- hello ---------------------------------------------------------------------------------------------------------
@@ -323,6 +326,28 @@ class PayloadLimitOffByOne(BrokerServer):
         self.checks = AcceptChecks(max_payload_bytes=config.max_payload_bytes - 1, rate_limit=self.buckets.allow)
 
 
+def _parsing(max_depth_change: int = 0, crash_when_too_deep: bool = False) -> type[BrokerServer]:
+    """A broker whose frame parser differs: a json_max_depth off by ``max_depth_change`` levels, or (the mistake
+    E-40 fixed) a frame too deep to parse escaping as an exception, which ends the connection 1011."""
+
+    class Parsing(BrokerServer):
+        @staticmethod
+        def _parse(raw):
+            try:
+                frame, problem = loads(raw, max_depth=int(limit("json_max_depth")) + max_depth_change), None
+            except LimitExceeded as exc:
+                if exc.document is None and crash_when_too_deep:
+                    raise RecursionError("maximum recursion depth exceeded while decoding a JSON object") from exc
+                frame, problem = exc.document, f"{exc.limit}: {exc.detail}"
+            except Unparsable:
+                return None, None
+            if not isinstance(frame, dict) or not isinstance(frame.get("type"), str):
+                return None, None
+            return frame, problem
+
+    return Parsing
+
+
 class _CountsCharacters(SqliteStore):
     """Measures the body in characters, not UTF-8 bytes."""
 
@@ -450,6 +475,13 @@ CATALOGUE: dict[str, Broken] = {b.name: b for b in (
            ("broker.accept.b1",), make_server=PayloadLimitOffByOne),
     Broken("payload-counts-characters", "measures the body in characters, not UTF-8 bytes", ("BRK-PAYLOAD-LIMIT",),
            ("broker.accept.b1",), open_store=_sqlite(_CountsCharacters), default=True),
+    # the JSON limits (E-40)
+    Broken("depth-limit-off-by-one", "refuses a frame of exactly json_max_depth levels", ("BRK-FRAME-LIMITS",),
+           ("broker.frame_limits",), make_server=_parsing(max_depth_change=-1)),
+    Broken("depth-limit-lenient", "parses frames 8 levels past json_max_depth", ("BRK-FRAME-LIMITS",),
+           ("broker.frame_limits",), make_server=_parsing(max_depth_change=8), default=True),
+    Broken("too-deep-ends-1011", "a frame too deep to parse ends its connection 1011", ("BRK-FRAME-LIMITS",),
+           ("broker.frame_limits",), make_server=_parsing(crash_when_too_deep=True)),
     Broken("b1-refusal-leaves-row", "a 413 still claims the id", ("BRK-B1-NO-WRITE",), ("broker.accept.b1",),
            open_store=_wrapped(lambda store: _RefusalLeavesRow(store, (413,))), default=True),
     Broken("b2-refusal-leaves-row", "a 404 destination_not_found still claims the id", ("BRK-B2-ROLLBACK",),

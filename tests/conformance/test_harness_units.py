@@ -18,7 +18,7 @@ import pytest
 from conformance import plugin, registry, report, timing, wire
 from conformance.adapters import claudemesh
 from conformance.peer import detect_dialect
-from conformance.verdict import Check, Verdicts
+from conformance.verdict import TARGET_FAILURES, Check, HarnessMisuse, Verdicts
 from spec import SPEC_DIR, load_yaml, validator
 
 REPO = SPEC_DIR.parent
@@ -67,9 +67,21 @@ def test_blocked_requirements_are_skipped_never_passed():
     assert [(c.requirement, c.outcome) for c in recorder.checks] == [("A", "pass"), ("B", "skip")]
 
 
-def test_an_undeclared_requirement_is_refused():
-    with pytest.raises(ValueError):
+def test_an_undeclared_requirement_is_refused_as_the_harness_s_fault():
+    with pytest.raises(HarnessMisuse) as raised:
         Verdicts("n", ("A",)).expect("B", True)
+    assert not isinstance(raised.value, TARGET_FAILURES), "a misused recorder would read as the target's failure"
+
+
+def test_a_harness_fault_after_a_pass_leaves_no_pass():
+    declared = (SPEC_MUST, PROFILE_MUST)
+    recorder = Verdicts("n", declared)
+    recorder.expect(SPEC_MUST, True)
+    checks = plugin._attribute(declared, recorder, node("error", "HarnessMisuse"))
+    built = report.build_report(_state(checks, errors=["harness fault"]))
+    verdicts = {r["id"]: r["verdict"] for r in built["requirements"] if r["id"] in declared}
+    assert verdicts == {SPEC_MUST: "error", PROFILE_MUST: "error"}
+    assert built["summary"]["exit_code"] == 2
 
 
 # --- verdicts, kinds and exit codes -------------------------------------------------------------------------------
