@@ -32,7 +32,7 @@ from hostile_testkit import (
 )
 
 from conformance.launch import REFERENCE_TEMPLATE, Launched
-from conformance.peer import SILENT, ScriptedBroker
+from conformance.peer import DEFAULT_SUPPORTED, SILENT, PeerConfig, ScriptedBroker
 from spec import validator
 
 SEND = json.dumps({"to": "#general", "message": "hello"}).encode()
@@ -138,18 +138,25 @@ def test_json_nesting_is_held_to_the_limit_at_the_ipc(hostile):
             assert outbox_row(hostile, f"deep-{levels}") is None
 
 
-def test_a_send_the_link_cannot_carry_is_413_at_accept(hostile):
-    """LIMIT-CARRIABLE (E-40): a message past the negotiated max_payload.inline_bytes (65536 at the scripted broker)
-    is refused at accept with 413 and stores nothing; one at the limit is accepted and delivered."""
-    with hostile.unix() as client:
-        over = client.post("/v1/send", json={"to": "#general", "message": "x" * 65_537},
-                           headers={"Idempotency-Key": "too-big"})
-        assert (over.status_code, over.json()["error"]) == (413, "payload_too_large")
-        at = client.post("/v1/send", json={"to": "#general", "message": "x" * 65_536},
-                         headers={"Idempotency-Key": "just-fits"})
-        assert at.status_code == 202, at.text
-    wait_row(hostile, "just-fits", "done")
-    assert outbox_row(hostile, "too-big") is None
+@pytest.mark.parametrize("inline_bytes", [65_536, 100_000])
+def test_a_send_the_link_cannot_carry_is_413_at_accept(make_daemon, inline_bytes):
+    """LIMIT-CARRIABLE (E-40): a message past the negotiated max_payload.inline_bytes is refused at accept with 413
+    and stores nothing; one at the limit is accepted and delivered -- whatever limit the broker advertised."""
+    supported = json.loads(json.dumps(DEFAULT_SUPPORTED))
+    supported["max_payload"]["params"]["inline_bytes"] = inline_bytes
+    with ScriptedBroker(PeerConfig(supported=supported)) as peer:
+        daemon = make_daemon(peer.url, config=HOSTILE_CONFIG)
+        daemon.wait_connected()
+        with daemon.unix() as client:
+            over = client.post("/v1/send", json={"to": "#general", "message": "x" * (inline_bytes + 1)},
+                               headers={"Idempotency-Key": "too-big"})
+            assert (over.status_code, over.json()["error"]) == (413, "payload_too_large"), over.text
+            at = client.post("/v1/send", json={"to": "#general", "message": "x" * inline_bytes},
+                             headers={"Idempotency-Key": "just-fits"})
+            assert at.status_code == 202, at.text
+        wait_row(daemon, "just-fits", "done")
+        assert outbox_row(daemon, "too-big") is None
+        assert peer.sends_of("just-fits") and peer.sends_of("too-big") == []
 
 
 # --- before the request is read (E-43) -----------------------------------------------------------------------------

@@ -190,7 +190,8 @@ def test_missing_or_false_blackbox_is_named(tree):
 
 
 def test_blackbox_must_without_case_and_off_the_baseline_is_named(tree):
-    edit_blackbox_baseline(tree, lambda entries: [e for e in entries if e["id"] != "LIMIT-INFLIGHT"])
+    edit_requirement(tree, "LIMIT-INFLIGHT",
+                     lambda r: r.__setitem__("tests", [t for t in r["tests"] if not t.startswith("conformance::")]))
     problems = run(tree).problems
     assert any(p.startswith("requirements.yaml: black-box-checkable MUST LIMIT-INFLIGHT has no conformance case")
                for p in problems), problems
@@ -202,17 +203,28 @@ def test_requirement_made_blackbox_without_a_case_is_named(tree):
     assert any("black-box-checkable MUST IPC-DURABLE-BEFORE-RESPONSE has no conformance case" in p for p in problems)
 
 
-def test_blackbox_baseline_entry_that_gained_a_case_is_named(tree):
-    edit_requirement(tree, "LIMIT-INFLIGHT", lambda r: r["tests"].append("conformance::transport.limits"))
+def test_blackbox_baseline_entry_that_has_a_case_is_named(tree):
+    edit_blackbox_baseline(tree, lambda entries: [*entries, {"id": "LIMIT-INFLIGHT", "awaits": "a case"}])
     problems = run(tree).problems
     assert ("blackbox_baseline.yaml: LIMIT-INFLIGHT now has a conformance case; remove it from the baseline"
             in problems), problems
 
 
+def test_blackbox_baseline_entry_that_gained_a_case_is_named(tree):
+    edit_blackbox_baseline(tree, lambda entries: [*entries, {"id": "LIMIT-INFLIGHT", "awaits": "a case"}])
+    edit_requirement(tree, "LIMIT-INFLIGHT",
+                     lambda r: r.__setitem__("tests", [t for t in r["tests"] if not t.startswith("conformance::")]))
+    problems = run(tree).problems  # listed and without a case: accepted ...
+    assert not [p for p in problems if "LIMIT-INFLIGHT" in p], problems
+    edit_requirement(tree, "LIMIT-INFLIGHT", lambda r: r["tests"].append("conformance::limits.inflight"))
+    problems = run(tree).problems  # ... until the case lands
+    assert ("blackbox_baseline.yaml: LIMIT-INFLIGHT now has a conformance case; remove it from the baseline"
+            in problems), problems
+
+
 def test_blackbox_baseline_entry_that_is_no_blackbox_must_is_named(tree):
-    edit_requirement(tree, "LIFE-SINGLETON", lambda r: r.__setitem__(
-        "blackbox", "a reason given by the test, so that the baseline entry goes stale"))
-    assert ("blackbox_baseline.yaml: LIFE-SINGLETON is not a black-box-checkable MUST; remove it"
+    edit_blackbox_baseline(tree, lambda entries: [*entries, {"id": "IPC-DURABLE-BEFORE-RESPONSE", "awaits": "x"}])
+    assert ("blackbox_baseline.yaml: IPC-DURABLE-BEFORE-RESPONSE is not a black-box-checkable MUST; remove it"
             in run(tree).problems)
 
 
