@@ -41,7 +41,7 @@ from spec import validator
 
 REFERENCE_TEMPLATE = (
     f"{shlex.quote(sys.executable)} -m reference.cli up --state-dir {{state_dir}} --broker-url {{broker_url}} "
-    "--port {port} --clock-file {clock_file}"
+    "--port {port} --clock-file {clock_file} --target-file {target_file}"
 )
 PLACEHOLDERS = ("broker_url", "state_dir", "socket", "port", "token_file", "target_file", "clock_file", "config")
 

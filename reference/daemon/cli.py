@@ -99,6 +99,8 @@ def cmd_up(args: argparse.Namespace, components: Components | None = None) -> in
     except Exception as exc:  # never a traceback for a state directory meshd cannot use (E-15, E-44)
         err.print(f"meshd: cannot start in {state_dir}: {type(exc).__name__}: {exc}")
         return 1
+    if getattr(args, "target_file", None) is not None:
+        write_target_description(args.target_file, config)
     trace_dir = Path(config["trace"]["dir"]) if config["trace"]["dir"] else None
 
     def build():
@@ -108,6 +110,26 @@ def cmd_up(args: argparse.Namespace, components: Components | None = None) -> in
         return runtime.app, runtime
 
     return serve(state_dir, config.values, build, lambda: current()["daemon"]["log_level"])
+
+
+def write_target_description(path: Path, config: Config) -> None:
+    """The launch contract's ``{target_file}`` (spec/schemas/harness/target.json): meshd reads config.toml, honours
+    the clock hook, and declares the timing it runs with -- so a harness that launched it through a template of its
+    own times it by the schedule it really follows, not by the spec's defaults."""
+    from spec import SPEC_VERSION
+
+    outbox, reconnect, broker, ipc = (config[k] for k in ("outbox", "reconnect", "broker", "ipc"))
+    timing = {"retry_base_ms": outbox["retry_base_ms"], "retry_max_ms": outbox["retry_max_ms"],
+              "retry_jitter": outbox["retry_jitter"], "ack_timeout_s": outbox["ack_timeout_s"],
+              "reconnect_initial_ms": reconnect["initial_ms"], "reconnect_max_ms": reconnect["max_ms"],
+              "reconnect_multiplier": reconnect["multiplier"], "reconnect_jitter": reconnect["jitter"],
+              "hello_timeout_s": broker["hello_timeout_s"], "keepalive_s": ipc["keepalive_s"],
+              "header_read_s": ipc["header_read_s"], "body_read_s": ipc["body_read_s"]}
+    document = {"name": f"meshd (meshspec reference, v{SPEC_VERSION})", "config_toml": True, "clock_hook": True,
+                "timing": timing}
+    scratch = path.with_name(f".{path.name}.tmp")
+    scratch.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    os.replace(scratch, path)
 
 
 def _detach(args: argparse.Namespace, state_dir: Path) -> int:
@@ -446,6 +468,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--no-tcp", action="store_true", help="unix socket only")
     up.add_argument("--trace-dir", type=Path, help="write JSONL trace events here")
     up.add_argument("--clock-file", type=Path, help="testing: add the seconds in this file to the wall clock")
+    up.add_argument("--target-file", type=Path,
+                    help="testing: write the launch contract's target description (what meshd reads and its timing)")
     up.add_argument("--detach", action="store_true", help="start in the background and return once it answers")
     up.set_defaults(func=cmd_up)
 

@@ -160,3 +160,24 @@ def test_broker_suite_against_the_reference_broker_on_postgresql(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["summary"]["cases"]["skipped"] == 0
+
+
+def test_the_reference_launched_by_a_template_declares_what_it_reads(tmp_path):
+    """Launched through ``--launch`` (the harness does not know it is the reference), meshd writes its target
+    description: the harness then times it by the config.toml it wrote and uses the clock hook -- not the spec's
+    defaults, which would fail the reference's own reconnect and retry schedules."""
+    from conformance import timing as timing_mod
+    from conformance.target import HARNESS_CONFIG, Target
+
+    target = Target("reference", template=REFERENCE_TEMPLATE, workdir=tmp_path)
+    try:
+        target.start()
+        assert target.spec == "launch" and not target.is_reference
+        assert target.reads_config and target.clock_hook
+        declared = target.launched.description.get("timing")
+        assert not list(validator("harness/target").iter_errors(target.launched.description.raw))
+        for key, value in timing_mod.from_config_toml(HARNESS_CONFIG).items():
+            assert declared[key] == value and getattr(target.timing, key) == value, key
+        assert target.timing.reconnect_initial_ms == 100 and target.timing.retry_base_ms == 100
+    finally:
+        target.close()
