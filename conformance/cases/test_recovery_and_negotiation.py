@@ -20,7 +20,7 @@ import time
 import httpx
 import pytest
 
-from conformance.cases._support import BODY, OTHER, outbox_rows, post_send, row_for, unique, wait_row
+from conformance.cases._support import BODY, OTHER, inbox_items, outbox_rows, post_send, row_for, unique, wait_row
 from conformance.launch import Launched, LaunchError
 from conformance.peer import ACCEPT_SILENTLY, CREATED, PeerConfig, ScriptedBroker, fail, reject
 from conformance.registry import case
@@ -231,14 +231,18 @@ def test_corrupt_outbox_refuses_to_start(launcher, verdict):
         peer.stop()
 
 
-@case("recovery.corrupt_inbox", "REC-INBOX-QUARANTINE")
+@case("recovery.corrupt_inbox", "REC-INBOX-QUARANTINE", "INBOX-IDS-AFTER-RECREATE")
 def test_corrupt_inbox_is_quarantined(launcher, verdict):
+    """A corrupt inbox.db is moved aside and recreated, and the new one receives messages; the cursor of the old
+    file's last row pages the new file's rows (E-45: its numbers continue above the old ones)."""
     timing = launcher.timing
     peer, instance = fresh(launcher, "corrupt-inbox")
     try:
         for n in range(40):
             peer.push(body=f"inbound {n} " + "x" * 400, client_message_id=unique("corrupt-inbox"))
         time.sleep(1.0)
+        with instance.unix() as client:
+            old, old_cursor = inbox_items(client)  # the cursor after the old file's last row
         instance.stop()
         path = instance.file("inbox_db")
         if not path.exists():
@@ -269,6 +273,16 @@ def test_corrupt_inbox_is_quarantined(launcher, verdict):
                     time.sleep(0.1)
                 else:
                     raise AssertionError("the recreated inbox does not receive messages")
+        if not isinstance(old_cursor, str) or not old_cursor:
+            verdict.skip("INBOX-IDS-AFTER-RECREATE",
+                         f"the old inbox gave no cursor to resume from ({len(old)} rows read)")
+            return
+        with verdict.check("INBOX-IDS-AFTER-RECREATE"), instance.unix() as client:
+            answer = client.get("/v1/inbox", params={"cursor": old_cursor})
+            assert answer.status_code == 200, f"the old inbox's last cursor answered {answer.status_code}"
+            after = [i.get("client_message_id") for i in json_object(answer).get("items") or [] if isinstance(i, dict)]
+            assert cmid in after, (f"paging from the old inbox's last cursor ({old_cursor!r}) does not reach the "
+                                   f"recreated inbox's message: {after[:5]}")
     finally:
         peer.stop()
 

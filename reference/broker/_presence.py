@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from websockets.exceptions import ConnectionClosed
+from websockets.protocol import State
 from websockets.sync.server import ServerConnection
 
 from reference.core.limits import limit
@@ -185,7 +186,7 @@ class Presence:
         self.policy = policy
         self._lock = threading.Lock()
         self._sessions: dict[tuple[str, str], list[Session]] = {}
-        self._active: dict[str, int] = {}  # pubkey -> active sessions, in any mesh
+        self._active: dict[str, list[Session]] = {}  # pubkey -> its active sessions, in any mesh
         self._announced: set[tuple[str, str]] = set()  # members the others were told peer_joined (and not left)
 
     def admit(self, session: Session) -> tuple[bool, list[Session]]:
@@ -211,7 +212,7 @@ class Presence:
             if session not in self._sessions.get(key, []):
                 return []
             session.active = True
-            self._active[session.pubkey] = self._active.get(session.pubkey, 0) + 1
+            self._active.setdefault(session.pubkey, []).append(session)
             if key in self._announced:
                 return []
             self._announced.add(key)
@@ -238,10 +239,9 @@ class Presence:
         if not session.active:
             return
         session.active = False
-        left = self._active[session.pubkey] - 1
-        if left:
-            self._active[session.pubkey] = left
-        else:
+        left = self._active[session.pubkey]
+        left.remove(session)
+        if not left:
             del self._active[session.pubkey]
 
     def _others(self, session: Session) -> list[Session]:
@@ -266,6 +266,13 @@ class Presence:
 
     def is_connected(self, pubkey: str) -> bool:
         return pubkey in self._active  # a dict lookup is atomic; a stale answer only delays a push to the next tick
+
+    def is_open(self, pubkey: str) -> bool:
+        """The member has an active session whose connection is still open: one the WebSocket layer is closing
+        (1009 for a frame past the limit, a close the broker started) takes no new lease -- it could never be acked."""
+        with self._lock:
+            sessions = list(self._active.get(pubkey, ()))
+        return any(s.conn.state is State.OPEN for s in sessions)
 
     def update(self, session: Session, **changes: Any) -> None:
         """Apply a set_summary / set_status / set_visible / set_profile frame's members."""

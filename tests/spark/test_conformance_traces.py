@@ -55,15 +55,14 @@ def applying(report: oracle.Report) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def conformance_traces(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def conformance_traces(tmp_path_factory: pytest.TempPathFactory, reference_conformance_run) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("conformance-traces")
-    daemon = meshconform("run", "--launch", f"{REFERENCE_TEMPLATE} --trace-dir {root / 'daemon'}",
-                         "--report-dir", str(root / "daemon-report"), "--seed", "11")
+    daemon, _, daemon_trace = reference_conformance_run
     assert daemon.returncode == 0, daemon.stdout[-3000:] + daemon.stderr[-3000:]
     broker = meshconform("broker", "--launch", f"{REFERENCE_BROKER} --trace-dir {root / 'broker'} --trace-strict",
                          "--report-dir", str(root / "broker-report"), "--seed", "11")
     assert broker.returncode == 0, broker.stdout[-3000:] + broker.stderr[-3000:]
-    return {"daemon": root / "daemon", "broker": root / "broker"}
+    return {"daemon": daemon_trace, "broker": root / "broker"}
 
 
 def test_the_daemon_conformance_run_trace_passes_every_check(spark, conformance_traces, tmp_path: Path):
