@@ -5,6 +5,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.meshspec-installed
 
+# make test runs on this many pytest-xdist workers: most tests wait on sockets, timers and child processes, not CPU
+TEST_WORKERS ?= 4
+
 .PHONY: setup conform test lint slow slow-bounded bench interop interop-check
 
 $(STAMP): pyproject.toml
@@ -24,7 +27,7 @@ lint: $(STAMP)
 
 test: $(STAMP) lint
 	$(BIN)/meshd spec check
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadgroup
 
 # Soak and scale runs at full size (minutes per test) ...
 slow: $(STAMP)

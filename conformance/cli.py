@@ -27,7 +27,7 @@ from rich.table import Table
 
 from . import plugin, registry
 
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)  # a long line is never broken inside a word
 
 
 class _Progress:

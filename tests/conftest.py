@@ -10,7 +10,25 @@ from __future__ import annotations
 import pytest
 
 
+#: `make test` runs on pytest-xdist workers (--dist loadgroup): the files that share one expensive session fixture
+#: run on one worker, so it is built once -- the full reference conformance run, and the local Spark session.
+XDIST_GROUPS = {
+    "tests/conformance/test_harness.py": "reference-run",
+    "tests/spark/test_conformance_traces.py": "reference-run",
+    "tests/spark/": "spark",
+}
+
+
+def _group(item: pytest.Item) -> str | None:
+    path = item.nodeid.split("::", 1)[0]
+    return next((group for prefix, group in XDIST_GROUPS.items() if path.startswith(prefix)), None)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        group = _group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
     expression = config.option.markexpr or ""
     if "slow" in expression and "not slow" not in expression:
         return

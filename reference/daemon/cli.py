@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 CI_VARIABLES = ("CI", "GITHUB_ACTIONS", "GITLAB_CI", "BUILDKITE", "CIRCLECI", "JENKINS_URL")
 console = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # one line per message: a long path is never broken
 
 
 def default_state_dir(mesh: str = "default") -> Path:
