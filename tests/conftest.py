@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pytest
 
-
 #: `make test` runs on pytest-xdist workers (--dist loadgroup): the files that share one expensive session fixture
 #: run on one worker, so it is built once -- the full reference conformance run, and the local Spark session.
 XDIST_GROUPS = {
