@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.meshspec-installed
 
 # make test runs on this many pytest-xdist workers: most tests wait on sockets, timers and child processes, not CPU
-TEST_WORKERS ?= 4
+TEST_WORKERS ?= 3
 
 .PHONY: setup conform test lint slow slow-bounded bench interop interop-check
 
