@@ -15,7 +15,8 @@ that never links is not a harness error: the cases that need the link fail, nami
 
 Fixed ports. An implementation whose TCP port does not follow ``{port}`` (it says ``fixed_port`` in its target
 description) cannot run two instances side by side, so ``launch`` stops the main instance while a fresh one runs and
-``release_fresh`` restarts it afterwards (same state directory: a restart, not a new instance).
+``release_fresh`` restarts it afterwards (same state directory: a restart, not a new instance); a case's earlier
+fresh instance is stopped before its next one starts, and each start waits until the port is free again.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import shutil
 import socket
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -177,6 +179,11 @@ class Target:
         if self.launched is not None and self.launched.fixed_port and name != "main" and self.launched.running:
             self.launched.stop()
             self._suspended = self.launched
+        if self.launched is not None and self.launched.fixed_port:
+            for earlier in self.instances:  # one instance at a time: a case's earlier fresh instance gives way too
+                if earlier is not self.launched and earlier.running:
+                    earlier.stop(timeout=10)
+            self._await_port_free(self.launched.tcp_port)
         state_dir = self.workdir / name
         if state_dir.exists():
             shutil.rmtree(state_dir)
@@ -200,9 +207,27 @@ class Target:
         self.instances = [i for i in self.instances if i is self.launched]
         if self._suspended is not None:
             suspended, self._suspended = self._suspended, None
+            self._await_port_free(suspended.tcp_port)
             suspended.start(wait=False)
             self._ready(suspended)
             self.await_link(suspended, timeout=self.timing.reconnect_wait_s)
+
+    @staticmethod
+    def _await_port_free(port: int | None, timeout: float = 30.0) -> None:
+        """A fixed-port target runs one instance at a time: before the next one starts, wait until the last one's
+        port is free (a stopped instance, or a process it left behind, may hold it a while longer)."""
+        if not port:
+            return
+        deadline = time.monotonic() + timeout
+        while True:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+                probe.settimeout(1.0)
+                if probe.connect_ex(("127.0.0.1", int(port))) != 0:
+                    return
+            if time.monotonic() > deadline:
+                raise TargetError(f"127.0.0.1:{port} (the target's fixed port) is still taken {timeout:g} s after its "
+                                  "last instance was stopped: a fresh instance cannot start")
+            time.sleep(0.2)
 
     def client(self, transport: str = "unix", timeout: float = 10.0) -> httpx.Client:
         """A plain httpx client to the main instance (``unix`` or ``tcp``)."""
