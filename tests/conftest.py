@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-#: `make test` runs on pytest-xdist workers (--dist loadgroup): the files that share one expensive session fixture
-#: run on one worker, so it is built once -- the full reference conformance run, and the local Spark session.
+#: `make test` runs on pytest-xdist workers (`--dist loadfile`, with the scheduler below): each file runs whole on one
+#: worker, and the files that share one expensive session fixture run on the same worker, so it is built once -- the
+#: full reference conformance run, and the local Spark session.
 XDIST_GROUPS = {
     "tests/conformance/test_harness.py": "reference-run",
     "tests/spark/test_conformance_traces.py": "reference-run",
@@ -18,16 +19,29 @@ XDIST_GROUPS = {
 }
 
 
-def _group(item: pytest.Item) -> str | None:
-    path = item.nodeid.split("::", 1)[0]
-    return next((group for prefix, group in XDIST_GROUPS.items() if path.startswith(prefix)), None)
+def scope_of(nodeid: str) -> str:
+    """The work unit a test belongs to: a listed group, else the test's own file -- a module's tests stay together
+    (module-scoped fixtures are built once, and a test may read what an earlier one of its module recorded)."""
+    path = nodeid.split("::", 1)[0]
+    return next((group for prefix, group in XDIST_GROUPS.items() if path.startswith(prefix)), path)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """`--dist loadfile` grouped by `scope_of`. Not `xdist_group` marks with `--dist loadgroup`: on pytest 9.2 those
+    are silently ignored (xdist writes the group into `item._nodeid`, which pytest no longer reads; pytest-xdist
+    issue #1386), and the files sharing a fixture ran on two workers."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class GroupedFileScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return scope_of(nodeid)
+
+    return GroupedFileScheduling(config, log)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        group = _group(item)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
     expression = config.option.markexpr or ""
     if "slow" in expression and "not slow" not in expression:
         return
