@@ -159,8 +159,17 @@ class _IgnoreUnknown(ConnWrapper):
 
 
 class _IgnoreUnparsable(ConnWrapper):
+    """Drops text that is not JSON at all; a frame that is JSON but too deep to parse still reaches the broker's own
+    limits (BRK-FRAME-LIMITS judges that mistake, with its own broken brokers)."""
+
     def keep(self, raw):
-        return _parsed(raw) is not None
+        try:
+            json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return False
+        except (RecursionError, ValueError):  # JSON past a limit (depth, digits): the broker's limits judge it
+            return True
+        return True
 
 
 class _SendBeforeNegotiation(ConnWrapper):
