@@ -397,24 +397,48 @@ def test_peers_pass_through(api, broker, verdict, timing):
         broker.release(timeout=timing.reconnect_wait_s)
 
 
+PROFILE = {"summary": "testing", "status": "working", "visible": False, "title": "tester", "capabilities": ["a", "b"]}
+FORWARDED = ("summary", "status", "visible")  # API-PROFILE's three; the others are E-29's (API-PROFILE-FIELDS)
+
+
 @case("api.profile", "API-PROFILE", "API-PROFILE-FIELDS")
 def test_profile_is_forwarded(api, broker, verdict, timing):
-    ready = unique("profile-ready")  # a send that settles proves the daemon's link is open, not only the peer's
-    post_send(api, BODY, ready)
-    wait_row(api, ready, "done", timeout=timing.settle_s())
-    before = len(broker.received())
-    response = api.post("/v1/profile", json={"summary": "testing", "status": "working", "visible": False,
-                                             "title": "tester", "capabilities": ["a", "b"]})
-    with verdict.check("API-PROFILE-FIELDS"):
-        applied = json_object(response).get("applied")
-        assert applied == ["summary", "status", "visible", "title", "capabilities"], f"applied {applied!r}"
+    """Summary, status and visible reach the broker -- in one frame or several (upstream sends one `set_*` frame
+    each), waited for until all three came -- over a link the peer saw open from before the request to the end of
+    the wait. A link that dropped meanwhile proves nothing either way: the case tries once more, then skips."""
+
+    def profile_frames(since: int) -> list[dict]:
+        return [f for f in broker.received()[since:] if f.get("type", "").startswith("set_")]
+
+    def forwarded(frames: list[dict]) -> dict:
+        return {k: v for f in frames for k, v in f.items() if k in FORWARDED}
+
+    for attempt in (1, 2):
+        ready = unique("profile-ready")  # a send that settles proves the daemon's link is open, not only the peer's
+        post_send(api, BODY, ready)
+        wait_row(api, ready, "done", timeout=timing.settle_s())
+        link = broker.wait_linked(timing.reconnect_wait_s)
+        before = len(broker.received())
+        response = api.post("/v1/profile", json=PROFILE)
+        if "API-PROFILE-FIELDS" not in verdict.recorded():
+            with verdict.check("API-PROFILE-FIELDS"):
+                applied = json_object(response).get("applied")
+                assert applied == list(PROFILE), f"applied {applied!r}"
+        with contextlib.suppress(TimeoutError):
+            broker.wait_for(lambda since=before: len(forwarded(profile_frames(since))) == len(FORWARDED), 5,
+                            "the profile frames")
+        frames = profile_frames(before)
+        still = broker.linked()
+        if len(forwarded(frames)) == len(FORWARDED) or (still is not None and still.connection == link.connection):
+            break
+        if attempt == 2:
+            verdict.skip("API-PROFILE", f"the link to the scripted broker dropped during the case twice "
+                                        f"(connection {link.connection}, then {still.connection if still else 'none'})")
+            return
     with verdict.check("API-PROFILE"):
         assert response.status_code == 200, f"{response.status_code} {response.text[:160]}"
-        frames = broker.wait_for(lambda: [f for f in broker.received()[before:] if f.get("type", "").startswith("set_")]
-                                 and broker.received()[before:], 5, "the profile frames")
-        sent = {k: v for f in frames for k, v in f.items() if k != "type"}
-        assert sent.get("summary") == "testing" and sent.get("status") == "working" and sent.get("visible") is False, \
-            f"the broker received {[f for f in frames if f.get('type', '').startswith('set_')]}"
+        assert forwarded(frames) == {"summary": "testing", "status": "working", "visible": False}, \
+            f"within 5 s, on connection {link.connection} (open throughout), the broker received {frames}"
 
 
 @case("api.metrics", "API-METRICS")

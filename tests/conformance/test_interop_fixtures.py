@@ -51,7 +51,7 @@ def test_the_check_names_every_verdict_that_moved_and_a_changed_exit_code(intero
     first["verdict"] = "skip" if was_first != "skip" else "pass"
     fresh["requirements"].remove(second)
     fresh["summary"]["exit_code"] = 0
-    assert interop.check("1.21.1", fresh) == [
+    assert [m.split(" (")[0] for m in interop.check("1.21.1", fresh)] == [
         *sorted([f"{first['id']}: {was_first} -> {first['verdict']}", f"{second['id']}: {was_second} -> None"]),
         "exit code: 1 -> 0"]
 
@@ -59,3 +59,10 @@ def test_the_check_names_every_verdict_that_moved_and_a_changed_exit_code(intero
 def test_the_check_without_a_recording_says_how_to_make_one(interop):
     assert interop.check("0.0.0", {"requirements": [], "summary": {"exit_code": 0}}) == [
         "no recorded verdicts at fixtures/interop/0.0.0/report.json: record them with `make interop`"]
+
+
+def test_a_moved_verdict_carries_the_fresh_runs_reason(interop):
+    fresh = json.loads((HERE / "1.21.1" / "report.json").read_text(encoding="utf-8"))
+    row = next(r for r in fresh["requirements"] if r["verdict"] == "pass")
+    row.update(verdict="fail", reason="the broker received []")
+    assert interop.check("1.21.1", fresh) == [f"{row['id']}: pass -> fail (the broker received [])"]
