@@ -27,7 +27,7 @@ lint: $(STAMP)
 
 test: $(STAMP) lint
 	$(BIN)/meshd spec check
-	$(BIN)/python -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadfile --durations=15
 
 # Soak and scale runs at full size (minutes per test) ...
 slow: $(STAMP)

@@ -66,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
 
     generate = sub.add_parser("generate", help="simulate daemons and brokers on the core; write a Parquet trace")
     generate.add_argument("--events", type=_count, required=True, help="events to write (e.g. 20k, 10M)")
-    generate.add_argument("--daemons", type=int, required=True)
+    generate.add_argument("--daemons", type=int, default=16, help="daemons simulated (default 16: two meshes of 8)")
     generate.add_argument("--keys", type=_count, default=None,
                           help="client sends (client_message_ids) to start at most; default: as many as --events "
                                "allows")
