@@ -26,6 +26,7 @@ def scope_of(nodeid: str) -> str:
     return next((group for prefix, group in XDIST_GROUPS.items() if path.startswith(prefix)), path)
 
 
+@pytest.hookimpl(optionalhook=True)  # the suite also runs without xdist (-p no:xdist)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """`--dist loadfile` grouped by `scope_of`. Not `xdist_group` marks with `--dist loadgroup`: on pytest 9.2 those
     are silently ignored (xdist writes the group into `item._nodeid`, which pytest no longer reads; pytest-xdist
