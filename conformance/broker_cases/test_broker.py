@@ -15,7 +15,6 @@ valid request, is accepted with 201 (it would be 200 or 409 if a dedupe row had 
 from __future__ import annotations
 
 import json
-import re
 import threading
 import time
 
@@ -43,10 +42,10 @@ from conformance.member import fingerprint_of, send_frame
 from conformance.registry import case
 from conformance.store_inventory import dedupe_row, message_count
 from reference.core import negotiate
-from spec import load_table
+from spec import load_table, validator
 
-#: broker_fingerprint_prefix: the first 8 bytes of a fingerprint, lowercase hex (§4.5b)
-HEX16 = re.compile(r"[0-9a-f]{16}")
+#: broker_fingerprint_prefix's shape, as the spec's schemas define it: the first 8 bytes of a fingerprint in hex
+PREFIX_SHAPE = validator("common/defs#/$defs/fingerprint_prefix")
 
 LIMITS = {name: entry["value"] for name, entry in load_table("limits")["limits"].items()}
 
@@ -333,7 +332,7 @@ def test_first_duplicate_and_mismatch(broker_target, member, verdict):
                    and conflict.get("conflict") == "request_fingerprint_mismatch",
                    f"a retry with another body was answered {summary(conflict)}, not 409 request_fingerprint_mismatch")
     prefix = (conflict or {}).get("broker_fingerprint_prefix")
-    verdict.expect("BRK-DUP-MISMATCH", isinstance(prefix, str) and HEX16.fullmatch(prefix),
+    verdict.expect("BRK-DUP-MISMATCH", PREFIX_SHAPE.is_valid(prefix),
                    f"the 409 carries broker_fingerprint_prefix {prefix!r}, not 8 bytes of hex")
     verdict.expect("BRK-DUP-MISMATCH-PREFIX", prefix == fingerprint_of(other)[:16],
                    f"the 409 names prefix {(conflict or {}).get('broker_fingerprint_prefix')!r}; the broker's "
@@ -550,7 +549,7 @@ def test_concurrent_same_key(broker_target, member, verdict):
                 if status(ack) != 200:
                     same.append(f"racer {n}: {summary(ack)}")
             elif (status(ack) != 409 or ack.get("conflict") != "request_fingerprint_mismatch"
-                  or not HEX16.fullmatch(str(ack.get("broker_fingerprint_prefix")))):
+                  or not PREFIX_SHAPE.is_valid(ack.get("broker_fingerprint_prefix"))):
                 other.append(f"racer {n}: {summary(ack)}")
             elif ack["broker_fingerprint_prefix"] != own:  # the shape is the spec's, whose fingerprint is E-31's
                 prefix.append(f"racer {n}: {summary(ack)} (its own prefix {own})")
