@@ -20,11 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from reference.core import OutboxEvent, OutboxPolicy, TransitionError, apply, parse_send
+from reference.core import OutboxEvent, OutboxPolicy, Transition, TransitionError, apply, parse_send
 from reference.core.ipc import table as ipc_table
 from reference.core.outbox import STATES
 from reference.core.outbox import table as outbox_table
-from reference.daemon import store as store_module
 from reference.daemon.store import (
     AcceptItem,
     AmbiguousOutboxKey,
@@ -39,6 +38,7 @@ from reference.daemon.store import (
     OutboxStore,
     SchemaTooNew,
     StoreClosed,
+    _sqlite,
     inbox_cursor,
     migrations,
 )
@@ -165,7 +165,7 @@ def test_schema_newer_than_code_is_refused(tmp_path, kind):
         conn.execute("INSERT INTO schema_version (version, name, applied_at) VALUES (99, 'from_the_future', 0)")
     with pytest.raises(SchemaTooNew) as caught:
         opener()
-    assert (caught.value.found, caught.value.known) == (99, len(store_module.migrations(kind)))
+    assert (caught.value.found, caught.value.known) == (99, len(migrations(kind)))
     assert str(path) in str(caught.value) and "newer" in str(caught.value)
     if kind == "inbox":  # a refusal is not corruption: the file stays where it is
         with pytest.raises(SchemaTooNew):
@@ -179,9 +179,9 @@ def test_migrations_run_forward_and_atomically(tmp_path, monkeypatch):
     with OutboxStore(path, POLICY) as store:
         row = accept_new(store, "cm-before-upgrade")
     future = tmp_path / "migrations"
-    shutil.copytree(store_module.MIGRATIONS_DIR, future)
-    monkeypatch.setattr(store_module, "MIGRATIONS_DIR", future)
-    latest = len(store_module.migrations("outbox"))
+    shutil.copytree(_sqlite.MIGRATIONS_DIR, future)
+    monkeypatch.setattr(_sqlite, "MIGRATIONS_DIR", future)
+    latest = len(migrations("outbox"))
     broken = future / "outbox" / f"{latest + 1:04d}_broken.sql"
     broken.write_text("-- adds a column, then fails\nALTER TABLE outbox ADD COLUMN note TEXT;\nSELECT * FROM nope;\n")
     with pytest.raises(MigrationError, match=f"{latest + 1:04d}_broken"):
@@ -620,7 +620,7 @@ def test_transition_many_is_consecutive_transitions_in_one_commit(tmp_path):
             except (OutboxRowNotFound, TransitionError) as exc:
                 expected.append(type(exc))
         got = many.transition_many(changes, by="client_message_id")
-        assert [r if isinstance(r, store_module.Transition) else type(r) for r in got] == expected
+        assert [r if isinstance(r, Transition) else type(r) for r in got] == expected
         assert all_rows(many.path) == all_rows(one.path)
     finally:
         for store in stores:

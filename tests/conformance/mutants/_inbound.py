@@ -11,7 +11,7 @@ from . import mutant
 @mutant("inbox-upsert", "a redelivered message overwrites the stored one (ON CONFLICT DO UPDATE) instead of deduping",
         kills=("INB-DEDUPE", "INB-DEDUPE-EVENT"), select=("inbound.dedupe_and_ack",), seam="inbox_store")
 def _inbox_upsert():
-    from reference.daemon import store
+    from reference.daemon.store import inbox as store
 
     upsert = store._INBOX_INSERT.replace(
         "DO NOTHING", "DO UPDATE SET body = excluded.body, broker_message_id = excluded.broker_message_id, "

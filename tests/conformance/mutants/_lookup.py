@@ -63,7 +63,7 @@ def _fingerprint_mismatch_202():
         select=("ipc.lookup.row", "ipc.concurrent.same_key"), seam="outbox_store", est_s=25)
 def _insert_or_ignore():
     from reference.core import accepted, decide_send, new_row
-    from reference.daemon import store
+    from reference.daemon.store import outbox as store
 
     class Store(store.OutboxStore):
         def accept_batch(self, items):
@@ -169,8 +169,8 @@ def _done_duplicate_broker_message_id_wrong():
         "sends of one id race", kills=("IPC-SERIALIZED",), select=("ipc.concurrent.same_key",), seam="committer")
 def _check_then_insert_race():
     from reference.core import decide_send, new_row
-    from reference.daemon import store
     from reference.daemon.committer import GroupCommitter
+    from reference.daemon.store import outbox as store
 
     class Committer(GroupCommitter):
         def submit(self, item, timeout=30.0):

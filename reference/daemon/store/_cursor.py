@@ -1,0 +1,30 @@
+"""Opaque paging cursors: URL-safe base64 of a versioned text that only the listing that made it parses back."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+
+from ._sqlite import StoreError
+
+
+class InvalidCursor(StoreError, ValueError):
+    """A paging cursor that this store did not produce (or that belongs to another listing)."""
+
+
+def encode_cursor(text: str) -> str:
+    return base64.urlsafe_b64encode(text.encode("utf-8")).decode("ascii").rstrip("=")
+
+
+def decode_cursor(cursor: str, pattern: re.Pattern[str]) -> re.Match[str]:
+    if not isinstance(cursor, str) or not cursor or len(cursor) > 512:
+        raise InvalidCursor("invalid cursor")
+    try:
+        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("utf-8")
+    except (binascii.Error, ValueError) as exc:
+        raise InvalidCursor("invalid cursor") from exc
+    match = pattern.fullmatch(text)
+    if match is None:
+        raise InvalidCursor("invalid cursor")
+    return match
