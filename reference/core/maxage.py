@@ -1,4 +1,8 @@
-"""Outbox max-age arithmetic (§4.9 with E-05), parameters from spec/tables/max_age.yaml."""
+"""Outbox max-age arithmetic (§4.9 with E-05), parameters from spec/tables/max_age.yaml.
+
+``derive`` turns the negotiated dedupe mode into ``max_age_hours``; ``max_age_at`` and ``capped_max_age_at`` turn hours
+into a row's deadline. A row is expired once ``now`` is past its ``max_age_at`` (``reference.core.outbox.is_expired``).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from spec import load_table
+
+HOUR_MS = 3_600_000
 
 
 class MaxAgeError(ValueError):
@@ -75,3 +81,18 @@ def _check_override(hours: int, ceiling: int, what: str) -> None:
     if hours > ceiling:
         raise MaxAgeError(p["errors"]["above_window"],
                           f"max_age_hours_override {hours} exceeds {ceiling} ({what})")
+
+
+def max_age_at(enqueued_at: int, max_age_hours: int) -> int:
+    """The ``max_age_at`` (unix ms) of a row enqueued at ``enqueued_at`` under ``max_age_hours``."""
+    return enqueued_at + max_age_hours * HOUR_MS
+
+
+def capped_max_age_at(enqueued_at: int, current: int | None, max_age_hours: int) -> int | None:
+    """A live row's new ``max_age_at`` once a negotiated ``max_age_hours`` is adopted (§4.9), ``None`` to keep it.
+
+    The deadline is lowered to ``max_age_at(enqueued_at, max_age_hours)`` when that is earlier (or the row had none),
+    never raised: a shorter dedupe window makes rows expire sooner, a longer one never extends a promise already made.
+    """
+    capped = max_age_at(enqueued_at, max_age_hours)
+    return capped if current is None or current > capped else None

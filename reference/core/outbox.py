@@ -15,6 +15,7 @@ from typing import Any
 
 from ._tables import DecisionTable, TableError, spec_table
 from .limits import limit
+from .maxage import max_age_at
 
 STATES = ("pending", "inflight", "done", "dead", "aborted")
 TERMINAL = frozenset({"done", "dead", "aborted"})
@@ -123,7 +124,7 @@ def new_row(
     policy: OutboxPolicy,
 ) -> OutboxRow:
     """The row that ``accept`` inserts."""
-    max_age_at = None if policy.max_age_hours is None else now + policy.max_age_hours * 3_600_000
+    deadline = None if policy.max_age_hours is None else max_age_at(now, policy.max_age_hours)
     return OutboxRow(
         id=outbox_id,
         client_message_id=client_message_id,
@@ -131,7 +132,7 @@ def new_row(
         payload=payload,
         enqueued_at=now,
         next_attempt_at=now,
-        max_age_at=max_age_at,
+        max_age_at=deadline,
     )
 
 

@@ -449,7 +449,7 @@ class BrokerLink:
         except maxage.MaxAgeError as exc:
             raise Fatal(EXIT_CONFIG, f"{exc.code}: {exc.detail}") from exc
         self.state.max_age_hours = derived.hours
-        self.outbox.cap_max_age(derived.hours * 3_600_000)
+        self.outbox.cap_max_age(derived.hours)
 
     def _expect(self, ws: websocket.WebSocket, kind: str) -> dict[str, Any]:
         deadline = time.monotonic() + float(self.config["broker"]["hello_timeout_s"])

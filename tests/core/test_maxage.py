@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from reference.core import MaxAgeError, derive
-from reference.core.maxage import margin_hours
+from reference.core.maxage import HOUR_MS, capped_max_age_at, margin_hours, max_age_at
 
 
 @pytest.mark.parametrize(("days", "hours"), [(3, 71), (4, 72), (7, 144), (30, 648), (365, 7884)])
@@ -48,3 +48,18 @@ def test_override_bounds():
 def test_invalid_inputs(mode, days):
     with pytest.raises(MaxAgeError):
         derive(mode, days)
+
+
+def test_max_age_at_is_enqueued_at_plus_whole_hours():
+    assert max_age_at(1_700_000_000_000, 72) == 1_700_000_000_000 + 72 * 3_600_000
+    assert HOUR_MS == 3_600_000
+
+
+@pytest.mark.parametrize(("current", "expected"), [
+    (None, 1_000 + HOUR_MS),  # no deadline yet: the negotiated one
+    (1_000 + HOUR_MS + 1, 1_000 + HOUR_MS),  # one ms later than the cap: lowered
+    (1_000 + HOUR_MS, None),  # exactly the cap: kept
+    (1_000 + HOUR_MS - 1, None),  # one ms earlier: kept (never raised)
+])
+def test_capped_max_age_at_lowers_and_never_raises(current, expected):
+    assert capped_max_age_at(1_000, current, 1) == expected

@@ -666,15 +666,37 @@ def test_cap_max_age_lowers_live_rows_and_sets_new_rows(tmp_path):
         unbounded = accept_new(store, "cm-unbounded")
         done = row_in_state(store, "done", "cm-done")
         assert unbounded.max_age_at is None
-        assert store.cap_max_age(72 * HOUR) == 1
+        assert store.cap_max_age(72) == 1
         assert store.get(unbounded.id).max_age_at == unbounded.enqueued_at + 72 * HOUR
         assert store.get(done.id).max_age_at is None
-        assert store.cap_max_age(100 * HOUR) == 0  # never raised
+        assert store.cap_max_age(100) == 0  # never raised
         assert store.get(unbounded.id).max_age_at == unbounded.enqueued_at + 72 * HOUR
         fresh = accept_new(store, "cm-fresh", now=T0 + 5)
         assert fresh.max_age_at == T0 + 5 + 100 * HOUR
-        with pytest.raises(ValueError):
-            store.cap_max_age(5)
+        for invalid in (0, -1, 1.5, True):
+            with pytest.raises(ValueError, match="whole number of hours"):
+                store.cap_max_age(invalid)
+        assert store.policy.max_age_hours == 100
+
+
+def test_cap_max_age_boundaries_and_expiry_at_the_capped_deadline(tmp_path):
+    """A deadline exactly at enqueued_at + max age stays, one ms above is lowered, one below stays; a row is expired
+    one ms past its max_age_at, not at it."""
+    with OutboxStore(tmp_path / "outbox.db", replace(POLICY, max_age_hours=None)) as store:
+        below, at, above = (accept_new(store, f"cm-{name}") for name in ("below", "at", "above"))
+        flying = row_in_state(store, "inflight", "cm-flying")
+        dead = row_in_state(store, "dead", "cm-dead")
+        with sqlite3.connect(store.path) as conn:
+            conn.executemany("UPDATE outbox SET max_age_at = ? WHERE id = ?",
+                             [(T0 + HOUR - 1, below.id), (T0 + HOUR, at.id), (T0 + HOUR + 1, above.id)])
+        assert store.cap_max_age(1) == 2
+        assert {r.client_message_id: r.max_age_at for r in (store.get(x.id) for x in (below, at, above, flying, dead))
+                } == {"cm-below": T0 + HOUR - 1, "cm-at": T0 + HOUR, "cm-above": T0 + HOUR, "cm-flying": T0 + HOUR,
+                      "cm-dead": None}
+        assert store.expire(T0 + HOUR - 1) == []
+        assert [r.after.client_message_id for r in store.expire(T0 + HOUR)] == ["cm-below"]
+        assert [r.after.client_message_id for r in store.expire(T0 + HOUR + 1)] == ["cm-at", "cm-above"]
+        assert store.get(flying.id).status == "inflight"
 
 
 # --- integrity ------------------------------------------------------------------------------------------------------

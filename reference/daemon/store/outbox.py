@@ -33,7 +33,8 @@ from reference.core import (
     is_expired,
     new_row,
 )
-from reference.core.outbox import STATES
+from reference.core.maxage import capped_max_age_at
+from reference.core.outbox import STATES, TERMINAL
 
 from ._cursor import decode_cursor, encode_cursor
 from ._sqlite import SqliteStore, StoreError
@@ -90,6 +91,10 @@ _KEY_COLUMNS = {"id": "id", "client_message_id": "client_message_id"}
 _DUE_WHERE = "status = 'pending' AND next_attempt_at <= ?"
 _DUE_ORDER = "ORDER BY next_attempt_at, enqueued_at, id"
 _EXPIRED_WHERE = "status = 'pending' AND max_age_at IS NOT NULL AND max_age_at < ?"
+_LIVE_STATES = tuple(state for state in STATES if state not in TERMINAL)
+_LIVE_DEADLINES = (
+    f"SELECT id, enqueued_at, max_age_at FROM outbox WHERE status IN ({', '.join('?' * len(_LIVE_STATES))})"
+)
 
 
 def _outbox_row(values: Sequence[Any]) -> OutboxRow:
@@ -440,21 +445,23 @@ class OutboxStore(SqliteStore):
         """Crash recovery (§4.11, E-16): in one transaction every inflight row goes back to pending, same attempts."""
         return self._apply_each("status = 'inflight'", (), OutboxEvent("crash_recovery", now_ms))
 
-    def cap_max_age(self, max_age_ms: int) -> int:
+    def cap_max_age(self, max_age_hours: int) -> int:
         """Adopt the negotiated max age (§4.9): new rows get it; live rows' ``max_age_at`` is lowered, never raised.
 
-        Returns how many pending or inflight rows were capped.
+        The core decides each live row's deadline (``capped_max_age_at``); the read and the writes are one
+        transaction. Returns how many pending or inflight rows were capped.
         """
-        if max_age_ms <= 0 or max_age_ms % 3_600_000:
-            raise ValueError("max_age_ms must be a positive whole number of hours")
+        if isinstance(max_age_hours, bool) or not isinstance(max_age_hours, int) or max_age_hours <= 0:
+            raise ValueError("max_age_hours must be a positive whole number of hours")
         with self._transaction() as conn:
-            self.policy = replace(self.policy, max_age_hours=max_age_ms // 3_600_000)
-            return conn.execute(
-                "UPDATE outbox SET max_age_at = enqueued_at + :age"
-                " WHERE status IN ('pending', 'inflight')"
-                " AND (max_age_at IS NULL OR max_age_at > enqueued_at + :age)",
-                {"age": max_age_ms},
-            ).rowcount
+            self.policy = replace(self.policy, max_age_hours=max_age_hours)
+            capped = []
+            for outbox_id, enqueued_at, current in conn.execute(_LIVE_DEADLINES, _LIVE_STATES).fetchall():
+                deadline = capped_max_age_at(enqueued_at, current, max_age_hours)
+                if deadline is not None:
+                    capped.append((deadline, outbox_id))
+            conn.executemany("UPDATE outbox SET max_age_at = ? WHERE id = ?", capped)
+        return len(capped)
 
     # ``list`` comes last: inside the class body its name shadows the builtin.
     def list(self, status: str | None = None, limit: int = 50, cursor: str | None = None

@@ -155,7 +155,7 @@ def _no_max_age():
         def __init__(self, path, policy, *args, **kwargs):
             super().__init__(path, replace(policy, max_age_hours=None), *args, **kwargs)
 
-        def cap_max_age(self, max_age_ms):
+        def cap_max_age(self, max_age_hours):
             return 0
 
     return Store
@@ -174,7 +174,7 @@ def _max_age_without_margin():
                 return super()._apply_max_age()
             hours = int(dedupe["dedupe_retention_days"]) * 24
             self.state.max_age_hours = hours
-            self.outbox.cap_max_age(hours * 3_600_000)
+            self.outbox.cap_max_age(hours)
             return None
 
     return Link
