@@ -4,7 +4,8 @@ No sqlite, falcon, websocket, clock or random-number imports live here: callers 
 perform the effects the core hands back.
 """
 
-from ._tables import AmbiguousRow, DecisionTable, NoRow, Row, TableError, UnknownInput
+from spec.decision import AmbiguousRow, DecisionTable, NoRow, Row, TableError, UnknownInput
+
 from .broker_accept import Settled, settle
 from .destination import Destination, DestinationError, parse_destination
 from .features import CloseReason, Negotiation, negotiate

@@ -11,12 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ._tables import DecisionTable, spec_table
+from spec.decision import DecisionTable, decision_table
 
 
 def table() -> DecisionTable:
     """The accept table, loaded once from spec/tables/broker_accept.yaml."""
-    return spec_table("broker_accept")
+    return decision_table("broker_accept")
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ._tables import DecisionTable, spec_table
+from spec.decision import DecisionTable, decision_table
+
 from .fingerprint import fingerprint_prefix
 from .outbox import OutboxRow
 
@@ -17,7 +18,7 @@ IDEMPOTENCY_KEY_REUSED = "idempotency_key_reused"
 
 def table() -> DecisionTable:
     """The lookup table, loaded once from spec/tables/ipc_lookup.yaml."""
-    return spec_table("ipc_lookup")
+    return decision_table("ipc_lookup")
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from ._tables import DecisionTable, TableError, spec_table
+from spec.decision import DecisionTable, TableError, decision_table
+
 from .limits import limit
 from .maxage import max_age_at
 
@@ -190,7 +191,7 @@ KNOWN_EFFECTS = frozenset(DATA_EFFECTS) | IO_EFFECTS
 
 def table() -> DecisionTable:
     """The outbox table, loaded once from spec/tables/outbox.yaml."""
-    return spec_table("outbox")
+    return decision_table("outbox")
 
 
 def apply(row: OutboxRow | None, event: OutboxEvent, policy: OutboxPolicy, decisions: DecisionTable | None = None

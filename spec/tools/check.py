@@ -110,8 +110,8 @@ def check_schemas(spec_dir: Path, report: Report) -> None:
 
 
 def check_tables(spec_dir: Path, report: Report, requirement_ids: set[str]) -> None:
-    from reference.core._tables import DecisionTable
     from reference.core.outbox import KNOWN_EFFECTS
+    from spec.decision import DecisionTable
 
     rows = 0
     combos = 0

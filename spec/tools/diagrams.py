@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import spec as spec_pkg
-from reference.core import DecisionTable
+from spec.decision import DecisionTable
 
 __all__ = ["TARGET", "blocks", "cli", "problems", "render"]
 

@@ -39,7 +39,7 @@ from urllib.parse import urldefrag, urljoin
 import yaml
 
 import spec as spec_pkg
-from reference.core import DecisionTable
+from spec.decision import DecisionTable
 
 __all__ = ["Change", "SpecTreeError", "cli", "diff_trees"]
 

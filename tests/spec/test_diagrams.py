@@ -13,7 +13,7 @@ import yaml
 
 import spec as spec_pkg
 from reference.cli import main as meshd
-from reference.core import DecisionTable
+from spec.decision import DecisionTable
 from spec.tools import diagrams
 
 EDGE = re.compile(r"^\s+(?P<source>\S+) --> (?P<target>\S+)(?: : (?P<label>.+))?$")

@@ -1,4 +1,4 @@
-"""Decision tables loaded from ``spec/tables``: lookup, totality and determinism.
+"""The decision-table interpreter for ``spec/tables``: lookup, totality and determinism.
 
 Rules of this file: a decision table has finite ``inputs`` (name -> domain) and ``rows`` whose ``when`` maps every
 input to a value, a list of values, or ``"*"``. A table is *total* when every combination of input values matches at
@@ -17,6 +17,10 @@ import itertools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from spec import load_table
+
+__all__ = ["AmbiguousRow", "DecisionTable", "NoRow", "Row", "TableError", "UnknownInput", "decision_table"]
 
 WILDCARD = "*"
 
@@ -149,8 +153,6 @@ def _show(inputs: Mapping[str, str]) -> str:
 
 
 @functools.cache
-def spec_table(name: str) -> DecisionTable:
+def decision_table(name: str) -> DecisionTable:
     """The decision table ``spec/tables/<name>.yaml``, loaded once per process."""
-    from spec import load_table
-
     return DecisionTable(load_table(name))
