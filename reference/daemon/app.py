@@ -24,11 +24,12 @@ from reference.core.destination import TOPIC_NAME
 from reference.core.limits import limit
 from spec import SPEC_VERSION, load_table
 
-from . import problems
+from . import ports, problems
 from .deadlines import peer_gone
 from .guard import BodyDrain, Guard, body_stream, transport_of
 from .link import BrokerTimeout, BrokerUnavailable
 from .problems import Problem
+from .store import AcceptItem
 
 IPC_FEATURES = ["version", "health", "send", "inbox", "events", "peers", "profile", "outbox", "outbox_requeue",
                 "metrics", "compat"]
@@ -46,12 +47,12 @@ class DaemonContext:
 
     config: dict[str, dict[str, Any]]
     token: str
-    outbox: Any
-    inbox: Any
-    link: Any
-    events: Any
-    committer: Any
-    metrics: Any
+    outbox: ports.Outbox
+    inbox: ports.Inbox
+    link: ports.Link
+    events: ports.EventStreams
+    committer: ports.Committer
+    metrics: ports.Metrics
     member_pubkey: str
     clock: Callable[[], float] = time.time
     mint_id: Callable[[], str] = field(default=lambda: str(ULID()))
@@ -186,8 +187,9 @@ class Send:
                           invalid_params=[{"name": n, "reason": r} for n, r in exc.invalid_params] or None) from exc
         _check_carriable(request, self.ctx.link)
         cmid = request.client_message_id or self.ctx.mint_id()
-        request.fingerprint()  # computed here, in parallel, not on the one committer thread
-        decision, _ = self.ctx.committer.submit((request, cmid, self.ctx.mint_id(), int(self.ctx.clock() * 1000)))
+        # The fingerprint and payload are computed here, in parallel, not on the one committer thread.
+        item = AcceptItem.of(request, cmid, self.ctx.mint_id(), int(self.ctx.clock() * 1000))
+        decision, _ = self.ctx.committer.submit(item)
         if decision.is_conflict:
             extensions = {k: v for k, v in decision.body.items() if k != "error"}
             raise Problem("idempotency_key_reused", f"{cmid} is bound to another request or state "
@@ -197,7 +199,7 @@ class Send:
         _send_json(resp, decision.http_status, decision.body)
 
 
-def _check_carriable(request: Any, link: Any) -> None:
+def _check_carriable(request: SendRequest, link: ports.Link) -> None:
     """413 at accept for a send the link could never carry (E-40): a stored payload past send_payload_max_bytes (it
     would not fit in one frame), or a message past the negotiated max_payload.inline_bytes (the broker would refuse
     it in B1). Unknown until the first negotiation: the broker's own B1 check then decides."""
@@ -414,7 +416,7 @@ class Requeue:
 class AccessLog:
     """Counts every request by route template, status and transport (cm_daemon_ipc_request_total)."""
 
-    def __init__(self, metrics: Any):
+    def __init__(self, metrics: ports.Metrics | None):
         self.metrics = metrics
 
     def process_request(self, req, resp):

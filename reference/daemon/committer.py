@@ -1,6 +1,7 @@
 """Group commit for POST /v1/send: concurrent accepts share one SQLite transaction and one fsync.
 
-Theory of operation: request threads hand their validated request to ``submit`` and block. One committer thread
+Theory of operation: request threads hand their send to ``submit`` as an ``AcceptItem`` (its client_message_id,
+request_fingerprint and payload already computed on the request's thread) and block. One committer thread
 takes the first waiting item, gathers whatever else arrives within ``window_s`` (up to ``max_batch``; with a zero
 window, whatever queued while the previous batch was committing), runs ``store.accept_batch`` -- one BEGIN IMMEDIATE
 ... COMMIT, each item decided in arrival order exactly as if alone -- and only then wakes every submitter with its own
@@ -16,6 +17,8 @@ import queue
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from .store import Accepted, AcceptItem
 
 _STOP = object()
 
@@ -45,9 +48,9 @@ class _Waiter:
 
 
 class GroupCommitter:
-    """Batches accepts for ``accept_batch(items) -> list[result]``."""
+    """Batches accepts for ``accept_batch(items) -> list[result]`` (``OutboxStore.accept_batch``)."""
 
-    def __init__(self, accept_batch: Callable[[Sequence[Any]], Sequence[Any]], window_s: float = 0.002,
+    def __init__(self, accept_batch: Callable[[Sequence[AcceptItem]], Sequence[Accepted]], window_s: float = 0.002,
                  max_batch: int = 256):
         self._accept_batch = accept_batch
         self._window_s = window_s
@@ -58,7 +61,7 @@ class GroupCommitter:
         self.batches = 0
         self.items = 0
 
-    def submit(self, item: Any, timeout: float | None = 30.0) -> Any:
+    def submit(self, item: AcceptItem, timeout: float | None = 30.0) -> Accepted:
         """Accept ``item`` durably and return its result (re-raising the batch's exception, if any)."""
         waiter = _Waiter()
         self._queue.put((item, waiter))
@@ -84,8 +87,9 @@ class GroupCommitter:
             if stop:
                 return
 
-    def _commit(self, batch: list[tuple[Any, _Waiter]]) -> None:
+    def _commit(self, batch: list[tuple[AcceptItem, _Waiter]]) -> None:
         try:
+            # req: IPC-DURABLE-BEFORE-RESPONSE -- every submitter wakes only after the batch's COMMIT
             results = self._accept_batch([item for item, _ in batch])
         except BaseException as exc:  # every waiter must learn the batch failed
             for _, waiter in batch:

@@ -15,7 +15,7 @@ import falcon.testing
 
 from conformance.peer import ScriptedBroker
 from reference.core import parse_send
-from reference.daemon import identity
+from reference.daemon import identity, ports
 from reference.daemon.app import create_app
 from reference.daemon.committer import GroupCommitter
 from reference.daemon.config import load
@@ -79,6 +79,10 @@ def test_every_component_is_the_one_the_daemon_uses(tmp_path: Path):
         assert {"lock_state_dir", "check_host", "outbox_store", "inbox_store"} <= set(USED)
         USED.clear()
         runtime = Runtime(state, config, components=parts)
+        ctx = runtime.ctx
+        wired = [(ctx.outbox, ports.Outbox), (ctx.inbox, ports.Inbox), (ctx.link, ports.Link),
+                 (ctx.events, ports.EventStreams), (ctx.committer, ports.Committer), (ctx.metrics, ports.Metrics)]
+        assert [port.__name__ for part, port in wired if not isinstance(part, port)] == []
         runtime.start()
         try:
             client = falcon.testing.TestClient(runtime.app)

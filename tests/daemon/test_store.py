@@ -268,18 +268,18 @@ def test_accept_is_visible_to_a_new_connection_when_it_returns(outbox):
 
 def test_accept_batch_decides_in_order_like_sequential_accepts(tmp_path):
     a, a_again, b = send("a"), send("a"), send("b")
-    items = [
-        AcceptItem(a, "cm-1", "01A", T0),
-        AcceptItem(a_again, "cm-1", "01A-AGAIN", T0 + 1),  # same id, same request: 202 pending match
-        AcceptItem(b, "cm-1", "01B", T0 + 2),  # same id, other request: 409
-        (b, "cm-2", "01C", T0 + 3),  # plain tuples work too
-        AcceptItem(b, "cm-2", "01D", T0 + 4),
+    sends = [
+        (a, "cm-1", "01A", T0),
+        (a_again, "cm-1", "01A-AGAIN", T0 + 1),  # same id, same request: 202 pending match
+        (b, "cm-1", "01B", T0 + 2),  # same id, other request: 409
+        (b, "cm-2", "01C", T0 + 3),
+        (b, "cm-2", "01D", T0 + 4),
     ]
     with OutboxStore(tmp_path / "batch.db", POLICY) as batched:
-        together = batched.accept_batch(items)
+        together = batched.accept_batch([AcceptItem.of(*args) for args in sends])
         batched_rows = all_rows(batched.path)
     with OutboxStore(tmp_path / "single.db", POLICY) as single:
-        one_by_one = [single.accept(*item) for item in items]
+        one_by_one = [single.accept(*args) for args in sends]
         single_rows = all_rows(single.path)
     assert [d.table_row for d, _ in together] == [
         "IPC-NEW", "IPC-PENDING-MATCH", "IPC-PENDING-MISMATCH", "IPC-NEW", "IPC-PENDING-MATCH"]
@@ -289,7 +289,7 @@ def test_accept_batch_decides_in_order_like_sequential_accepts(tmp_path):
 
 
 def test_accept_batch_is_all_or_nothing(outbox):
-    items = [AcceptItem(send("a"), "cm-1", "01SAME", T0), AcceptItem(send("b"), "cm-2", "01SAME", T0)]
+    items = [AcceptItem.of(send("a"), "cm-1", "01SAME", T0), AcceptItem.of(send("b"), "cm-2", "01SAME", T0)]
     with pytest.raises(sqlite3.IntegrityError):
         outbox.accept_batch(items)
     assert all_rows(outbox.path) == []
@@ -719,7 +719,7 @@ def corrupt_copy(source: Path, target: Path) -> None:
 def test_integrity_check_detects_a_corrupted_outbox(tmp_path):
     path = tmp_path / "outbox.db"
     with OutboxStore(path, POLICY) as store:
-        store.accept_batch([AcceptItem(send("x" * 400 + str(i)), f"cm-{i}", f"01ROW{i:05d}", T0 + i)
+        store.accept_batch([AcceptItem.of(send("x" * 400 + str(i)), f"cm-{i}", f"01ROW{i:05d}", T0 + i)
                             for i in range(600)])
         store.integrity_check()
     assert not Path(f"{path}-wal").exists()  # closing checkpointed everything into the main file

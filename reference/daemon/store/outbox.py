@@ -15,9 +15,9 @@ import os
 import re
 import sqlite3
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from reference.core import (
     IpcDecision,
@@ -134,21 +134,24 @@ def _outbox_params(row: OutboxRow) -> dict[str, Any]:
     return {name: getattr(row, name) for name in _OUTBOX_COLUMNS}
 
 
-class AcceptItem(NamedTuple):
-    """One send for ``accept_batch``: the validated request and the ids the IPC adapter minted."""
+@dataclass(frozen=True, slots=True)
+class AcceptItem:
+    """One send for the group commit and ``accept_batch`` (§4.5.1 steps 3-6), built on the request's thread.
 
-    request: SendRequest
+    ``client_message_id`` and ``request_fingerprint`` are what the lookup compares; ``outbox_id``, ``payload`` and
+    ``enqueued_at`` (unix ms) make the row when the table says insert.
+    """
+
     client_message_id: str
-    outbox_id: str
-    now_ms: int
-
-
-class _Prepared(NamedTuple):
-    client_message_id: str
-    outbox_id: str
-    now_ms: int
-    fingerprint: bytes
+    request_fingerprint: bytes
     payload: bytes
+    outbox_id: str
+    enqueued_at: int
+
+    @classmethod
+    def of(cls, request: SendRequest, client_message_id: str, outbox_id: str, now_ms: int) -> AcceptItem:
+        """The item for a validated request, with the ids the IPC adapter minted."""
+        return cls(client_message_id, request.fingerprint(), request.payload(), outbox_id, now_ms)
 
 
 Accepted = tuple[IpcDecision, Transition | None]
@@ -188,32 +191,32 @@ class OutboxStore(SqliteStore):
 
         Returns the decision and, for a new row, the ``OB-NONE-ACCEPT`` transition. The row is durable on return.
         """
-        return self.accept_batch([AcceptItem(request, client_message_id, outbox_id, now_ms)])[0]
+        return self.accept_batch([AcceptItem.of(request, client_message_id, outbox_id, now_ms)])[0]
 
-    def accept_batch(self, items: Iterable[AcceptItem | tuple[SendRequest, str, str, int]]) -> list[Accepted]:
+    def accept_batch(self, items: Iterable[AcceptItem]) -> list[Accepted]:
         """Decide several sends in ONE transaction (group commit: one fsync for all of them).
 
         Items are decided in order, each seeing the rows the earlier ones inserted, so two items with the same
         client_message_id behave exactly as two sequential ``accept`` calls. All or nothing: if any statement fails
         the whole batch is rolled back and the exception raised (callers may then retry items one by one).
         """
-        prepared = [self._prepare(AcceptItem(*item)) for item in items]
-        if not prepared:
+        batch = list(items)
+        if not batch:
             return []
         results: list[Accepted] = []
         traced: list[IpcDecision | Transition] = []
         with self._transaction(traced) as conn:
             # Few statements per batch, not two per item: each one hands the GIL over, and under load getting it
             # back is what a request waits for. ``rows`` is what a sequential SELECT would see at each item.
-            rows = self._load_many(conn, "client_message_id", {item.client_message_id for item in prepared})
+            rows = self._load_many(conn, "client_message_id", {item.client_message_id for item in batch})
             inserts: list[OutboxRow] = []
-            for item in prepared:
+            for item in batch:
                 existing = rows.get(item.client_message_id)
-                decision = decide_send(existing, item.fingerprint, item.client_message_id)
+                decision = decide_send(existing, item.request_fingerprint, item.client_message_id)
                 transition = None
                 if decision.insert:
-                    row = new_row(item.outbox_id, item.client_message_id, item.fingerprint, item.payload,
-                                  item.now_ms, self.policy)
+                    row = new_row(item.outbox_id, item.client_message_id, item.request_fingerprint, item.payload,
+                                  item.enqueued_at, self.policy)
                     rows[item.client_message_id] = row
                     inserts.append(row)
                     transition = accepted(row)
@@ -223,12 +226,6 @@ class OutboxStore(SqliteStore):
                 chunk = inserts[start:start + _ROWS_PER_STATEMENT]
                 conn.execute(_outbox_insert_many(len(chunk)), [value for row in chunk for value in _outbox_values(row)])
         return results
-
-    @staticmethod
-    def _prepare(item: AcceptItem) -> _Prepared:
-        # Pure CPU work stays outside the writer lock.
-        return _Prepared(item.client_message_id, item.outbox_id, item.now_ms, item.request.fingerprint(),
-                         item.request.payload())
 
     @staticmethod
     def _load_many(conn: sqlite3.Connection, column: str, keys: builtins.set[str]) -> dict[str, OutboxRow]:

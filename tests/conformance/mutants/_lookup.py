@@ -17,19 +17,13 @@ from typing import Any
 from . import mutant
 
 
-def _items(items) -> list:
-    from reference.daemon.store import AcceptItem
-
-    return [AcceptItem(*item) for item in items]
-
-
 def _decided(change):
     """An OutboxStore whose every accept decision passes through ``change(store, item, decision)``."""
     from reference.daemon.store import OutboxStore
 
     class Store(OutboxStore):
         def accept_batch(self, items):
-            items = _items(items)
+            items = list(items)
             return [(change(self, item, decision), transition)
                     for item, (decision, transition) in zip(items, super().accept_batch(items), strict=True)]
 
@@ -67,15 +61,15 @@ def _insert_or_ignore():
 
     class Store(store.OutboxStore):
         def accept_batch(self, items):
-            prepared = [self._prepare(item) for item in _items(items)]
             results = []
             with self._transaction() as conn:
-                for item in prepared:
-                    row = new_row(item.outbox_id, item.client_message_id, item.fingerprint, item.payload,
-                                  item.now_ms, self.policy)
+                for item in items:
+                    row = new_row(item.outbox_id, item.client_message_id, item.request_fingerprint, item.payload,
+                                  item.enqueued_at, self.policy)
                     conn.execute(store._OUTBOX_INSERT.replace("INSERT INTO", "INSERT OR IGNORE INTO", 1),
                                  store._outbox_params(row))
-                    results.append((decide_send(None, item.fingerprint, item.client_message_id), accepted(row)))
+                    results.append((decide_send(None, item.request_fingerprint, item.client_message_id),
+                                    accepted(row)))
             return results
 
     return Store
@@ -174,12 +168,13 @@ def _check_then_insert_race():
 
     class Committer(GroupCommitter):
         def submit(self, item, timeout=30.0):
-            request, cmid, outbox_id, now_ms = item
+            cmid = item.client_message_id
             outbox = self._accept_batch.__self__
-            fingerprint = request.fingerprint()
-            decision = decide_send(outbox.get_by_client_message_id(cmid), fingerprint, cmid)  # a reader snapshot
+            snapshot = outbox.get_by_client_message_id(cmid)  # outside the writer's transaction
+            decision = decide_send(snapshot, item.request_fingerprint, cmid)
             if decision.insert:
-                row = new_row(outbox_id, cmid, fingerprint, request.payload(), now_ms, outbox.policy)
+                row = new_row(item.outbox_id, cmid, item.request_fingerprint, item.payload, item.enqueued_at,
+                              outbox.policy)
                 with outbox._transaction() as conn:
                     conn.execute(store._OUTBOX_INSERT.replace("INSERT INTO", "INSERT OR IGNORE INTO", 1),
                                  store._outbox_params(row))
@@ -198,9 +193,9 @@ def _respond_before_commit():
 
     class Committer(GroupCommitter):
         def submit(self, item, timeout=30.0):
-            request, cmid, _, _ = item
+            cmid = item.client_message_id
             outbox = self._accept_batch.__self__
-            decision = decide_send(outbox.get_by_client_message_id(cmid), request.fingerprint(), cmid)
+            decision = decide_send(outbox.get_by_client_message_id(cmid), item.request_fingerprint, cmid)
             if decision.insert:
                 threading.Timer(0.5, super().submit, (item,)).start()
             return decision, None
