@@ -1,0 +1,152 @@
+"""A mesh's broker as the generator plays it: the accept decision for each send frame, the commit, and deliveries.
+
+Theory of operation. Each send frame is decided by the core's accept table (``Core.broker``) on the inputs the
+frame meets: B1 (faults may reject it), drift, whether the dedupe row is already claimed and with which fingerprint,
+B2 (the destination) and the commit (faults may fail it). A send's ``Dedupe`` is the broker's dedupe row for its
+(mesh, client_message_id) as every story sharing the id sees it; messages to topic ``t3`` have their history
+pruned after ``HISTORY_RETENTION_MS``, so a later duplicate is answered ``ack_duplicate_pruned``.
+
+A committed message is delivered to each recipient until the recipient acks: every attempt is a ``delivery`` with a
+lease, a push lost or a recipient down means the next attempt at the lease's end (leases double up to
+``LEASE_MAX_MS``), and a client ack lost or cut by an outage means the recipient is pushed again, its inbox row not
+inserted twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ._sim_calendar import Calendar
+from ._sim_core import Core
+from ._sim_faults import FaultRates
+from ._sim_mesh import Daemon, Mesh
+from ._sim_outbox import Row
+from ._sim_trace import AC, AD, DA, DL, HP, INBOX, SSE, Codes
+
+LEASE_MS = 30_000
+LEASE_MAX_MS = 600_000
+FORCED_LEASE_MS = 1_000  # the lease of an injected delivery fault
+HISTORY_RETENTION_MS = 600_000  # topic t3 keeps message rows for 10 minutes (history_pruned after)
+
+
+@dataclass
+class Dedupe:
+    """The broker's dedupe row for one (mesh, client_message_id), as the stories sharing it see it."""
+
+    bmid: str | None = None
+    fp: bytes | None = None
+    pruned_at: int | None = None
+
+
+@dataclass(frozen=True)
+class Destination:
+    kind: str
+    ref: str
+    recipients: tuple[int, ...]
+    ok: bool
+    b2_check: str = ""
+
+
+class Broker:
+    """One mesh's broker node: ``accept_decision``, ``accept_commit``, ``delivery`` and ``delivery_ack`` events."""
+
+    def __init__(self, mesh: Mesh, calendar: Calendar, core: Core, codes: Codes, rates: FaultRates):
+        self.mesh = mesh
+        self.mesh_i = mesh.mesh_i
+        self.node = mesh.broker_node
+        self.rnd = mesh.rnd
+        self.push = calendar.push
+        self.core = core
+        self.codes = codes
+        self.rates = rates
+        self.message = mesh.sse["message"]
+
+    def receive(self, daemon: Daemon, row: Row, t: int, dest: Destination, dd: Dedupe, faults: bool
+                ) -> tuple[str, int]:
+        """The broker decides one send frame at ``t``; returns the daemon's ack event and the status."""
+        rnd = self.rnd
+        rates = self.rates
+        b1 = "rejected" if faults and rnd() < rates.b1_reject else "ok"
+        drift = "differs" if faults and rnd() < rates.drift else "same"
+        claim = "theirs" if dd.bmid is not None else "ours"
+        fingerprint = "match" if dd.fp is None or dd.fp == row.fp else "mismatch"
+        b2 = "ok" if dest.ok else "rejected"
+        commit = "failed" if faults and rnd() < rates.broker_5xx else "ok"
+        table_row, phase = self.core.broker(b1, drift, claim, fingerprint, b2, commit)
+        bmid = None
+        if table_row == "BRK-ACCEPT":
+            status, event = 201, "ack_created"
+            bmid = self.mesh.new_id(t)
+            dd.bmid, dd.fp = bmid, row.fp
+            self.commit(row.cmid, row.bucket, row.fp, bmid, t, dest)
+        elif table_row == "BRK-DUP-MATCH":
+            status, bmid = 200, dd.bmid
+            event = "ack_duplicate_pruned" if dd.pruned_at is not None and dd.pruned_at <= t else \
+                "ack_duplicate_history"
+        elif table_row in ("BRK-DUP-MISMATCH", "BRK-DRIFT"):
+            status, event = 409, "ack_conflict"
+        elif table_row == "BRK-B1-REJECT":
+            check = ("rate_limit", "payload_size", "membership")[int(rnd() * 3)]
+            status = self.core.check_status("B1", check)
+            event = "ack_retry_later" if check == "rate_limit" else "ack_rejected"  # a rate limit is transient (E-42)
+        elif table_row == "BRK-B2-REJECT":
+            status, event = self.core.check_status("B2", dest.b2_check or "topic_exists"), "ack_rejected"
+        else:
+            status, event = 503, "ack_failed"
+        self.decision(t, row.cmid, row.bucket, row.fp, table_row, phase, status, bmid, daemon.node)
+        if table_row == "BRK-ACCEPT" and dest.ref == "t3":
+            dd.pruned_at = t + HISTORY_RETENTION_MS
+            self.push(dd.pruned_at, HP, self.node, row.bucket, (self.mesh_i, bmid, row.cmid))
+        return event, status
+
+    def decision(self, t: int, cmid: str, bucket: int, fp: bytes, table_row: str, phase: str, status: int,
+                 bmid: str | None, member: int) -> None:
+        """An accept_decision; ``member`` is the sending daemon's node id (its key is written)."""
+        code = self.codes.code(AD, (table_row, phase, status))
+        self.push(t, AD, self.node, bucket, (self.mesh_i, cmid, fp, code, bmid, member))
+
+    def commit(self, cmid: str, bucket: int, fp: bytes, bmid: str, t: int, dest: Destination, history: int = 1,
+               deliver: bool = True) -> None:
+        n = len(dest.recipients) if deliver else 0
+        code = self.codes.code(AC, (dest.kind, 1, 1, history, n, n))
+        self.push(t, AC, self.node, bucket, (self.mesh_i, cmid, bmid, fp, code, dest.ref))
+        if deliver:
+            for recipient in dest.recipients:
+                self.deliver(recipient, bmid, cmid, bucket, t)
+
+    def deliver(self, r: int, bmid: str, cmid: str, bucket: int, t: int, mode: str = "") -> str:
+        """Deliver one message to daemon ``r`` until it acks; ``mode`` plays an injected fault instead."""
+        recipient = self.mesh.daemons[r]
+        outages = recipient.outages
+        rnd = self.rnd
+        push = self.push
+        mesh, node = self.mesh_i, recipient.node
+        did = f"{bmid}.{r}"
+        attempt = 1
+        t += 1 + int(rnd() * 4)
+        cell: list[Any] | None = None
+        broker = self.node
+        faults = not mode
+        p_push_lost, p_ack_lost = self.rates.push_lost, self.rates.client_ack_lost
+        while True:
+            lease = t + (FORCED_LEASE_MS if mode else min(LEASE_MS << min(attempt - 1, 10), LEASE_MAX_MS))
+            push(t, DL, broker, bucket, (mesh, bmid, cmid, node, did, attempt, lease))
+            t_insert = t + 1 + int(rnd() * 4)
+            if (faults and rnd() < p_push_lost) or outages.covering(t_insert) >= 0:
+                t, attempt = lease, attempt + 1
+                continue
+            first = cell is None or (mode == "duplicate_inbox_row" and attempt == 2)
+            if first:
+                cell = [None]
+                push(t_insert, SSE, node, self.mesh.node_bucket[r], self.message)
+            push(t_insert, INBOX, node, bucket, (node, mesh, cmid, bmid, did, first, cell))
+            if mode == "unacked_delivery":
+                return did
+            t_ack = t_insert + 1 + int(rnd() * 4)
+            lost = (faults and rnd() < p_ack_lost) or (mode == "duplicate_inbox_row" and attempt == 1)
+            if lost or outages.first_between(t_insert, t_ack) >= 0:
+                t, attempt = lease, attempt + 1
+                continue
+            push(t_ack, DA, broker, bucket, (mesh, bmid, cmid, node, did))
+            return did

@@ -1,0 +1,92 @@
+"""The generator's decisions, every one taken from ``reference.core`` (and the spec's tables) once per input shape.
+
+The tables are tiny and the simulation asks them millions of times, so each answer is memoised on the inputs the
+table reads; a simulated row's own ids, times and bodies never reach a memo key.
+"""
+
+from __future__ import annotations
+
+from spec import load_table
+
+
+class Core:
+    """Every decision the simulation makes, taken from ``reference.core`` once per input shape."""
+
+    def __init__(self) -> None:
+        from reference.core import OutboxPolicy, derive
+
+        self.policy = OutboxPolicy(retry_base_ms=500, retry_max_ms=30_000, jitter=0.25,
+                                   max_age_hours=derive("retention_scoped", 7, override_hours=1).hours)
+        self.max_age_ms = int(self.policy.max_age_hours) * 3_600_000
+        self._ipc: dict[tuple[str, bool | None], tuple[str, int]] = {}
+        self._transition: dict[tuple[str, str], tuple[str, str, int, tuple[str, ...]] | None] = {}
+        self._broker: dict[tuple[str, ...], tuple[str, str]] = {}
+        accept = load_table("broker_accept")
+        self._status = {(phase, entry["check"]): int(entry["http_status"])
+                        for phase, key in (("B1", "b1_checks"), ("B2", "b2_checks")) for entry in accept[key]}
+
+    def ipc(self, state: str, match: bool | None) -> tuple[str, int]:
+        """(table_row, http_status) of the §4.5.1 decision for a row in ``state`` (``none``: no row)."""
+        key = (state, match)
+        found = self._ipc.get(key)
+        if found is None:
+            from reference.core import OutboxRow, decide_send
+
+            stored, other = b"\x01" * 32, b"\x02" * 32
+            existing = None if state == "none" else OutboxRow(
+                id="0" * 26, client_message_id="x", request_fingerprint=stored, payload=b"", enqueued_at=0,
+                next_attempt_at=0, status=state)
+            decision = decide_send(existing, stored if match in (None, True) else other, "x")
+            found = self._ipc[key] = (decision.table_row, decision.http_status)
+        return found
+
+    def transition(self, state: str, event: str) -> tuple[str, str, int, tuple[str, ...]] | None:
+        """(table_row, to, attempts delta, io effects) for ``event`` on a row in ``state``; None when ignored."""
+        key = (state, event)
+        if key in self._transition:
+            return self._transition[key]
+        from reference.core import OutboxEvent, OutboxRow, accepted, apply, new_row
+
+        if state == "none":
+            row = new_row("0" * 26, "x", b"\x01" * 32, b"", 0, self.policy)
+            result = accepted(row)
+            found = (result.table_row, "pending", 0, result.effects)
+        else:
+            row = OutboxRow(id="0" * 26, client_message_id="x", request_fingerprint=b"\x01" * 32, payload=b"",
+                            enqueued_at=0, next_attempt_at=0, status=state, attempts=3)
+            result = apply(row, OutboxEvent(event, now=0, broker_message_id="b", history_id="h",
+                                            successor_id="1" * 26, successor_client_message_id="y"), self.policy)
+            if result.outcome != "transition":
+                found = None
+            else:
+                assert result.after is not None
+                found = (result.table_row, result.after.status, result.after.attempts - 3, result.effects)
+        self._transition[key] = found
+        return found
+
+    def broker(self, b1: str, drift: str, claim: str, fingerprint: str, b2: str, commit: str) -> tuple[str, str]:
+        """(table_row, phase) of the broker's accept decision (spec/tables/broker_accept.yaml)."""
+        key = (b1, drift, claim, fingerprint, b2, commit)
+        found = self._broker.get(key)
+        if found is None:
+            from reference.core import settle
+
+            settled = settle(b1=b1, drift=drift, claim=claim, fingerprint=fingerprint, b2=b2, commit=commit)
+            assert settled is not None
+            found = self._broker[key] = (settled.table_row, settled.phase)
+        return found
+
+    def check_status(self, phase: str, check: str) -> int:
+        """The HTTP status of a failed B1 or B2 ``check`` (spec/tables/broker_accept.yaml)."""
+        return self._status[(phase, check)]
+
+    def backoff(self, attempts: int, jitter_unit: float) -> int:
+        from reference.core import backoff_ms
+
+        return backoff_ms(attempts, self.policy, jitter_unit)
+
+    @staticmethod
+    def fingerprint(destination_kind: str, destination_ref: str, body: str) -> bytes:
+        from reference.core import FingerprintInput, request_fingerprint
+
+        return request_fingerprint(FingerprintInput(destination_kind, destination_ref, "", "next", None, body))

@@ -1,0 +1,160 @@
+"""Injected violations: one eligible story of a mesh replaced by a hand-played happy path that breaks one invariant.
+
+Theory of operation. ``happy`` plays one send without faults -- post, accept, dispatch, the broker's accept and
+commit, the deliveries, the ack -- and plays the injected kind into it (see ``catalogue.INJECTIONS``). An injection
+waits for a send whose sender (and recipients) stay online through the story, so nothing else gets in its way. Each
+one is recorded with the key a checker must report, and is realised only when the trace reaches the events it
+needs (a mesh cut by its event budget may drop it); the seq and event-id faults are armed in the calendar and
+realised when it plays them. The manifest lists realised and dropped injections apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ._sim_broker import FORCED_LEASE_MS, LEASE_MS, Broker, Dedupe, Destination
+from ._sim_calendar import Calendar
+from ._sim_core import Core
+from ._sim_mesh import Daemon, Mesh
+from ._sim_outbox import Outbox, Row
+from ._sim_trace import DA, DL, OT
+from .catalogue import INJECTIONS
+
+
+@dataclass
+class Injection:
+    kind: str
+    invariant: str
+    key: dict[str, str]
+    needs_ts: int = 0  # realised when the mesh emitted past this ts (of ``needs_node`` when set)
+    needs_node: int | None = None
+    realised: bool = False
+
+
+class Injector:
+    """The injections planned for one mesh, played into the first eligible sends, and what became of each."""
+
+    def __init__(self, mesh: Mesh, calendar: Calendar, core: Core, outbox: Outbox, broker: Broker,
+                 kinds: list[str]):
+        self.mesh = mesh
+        self.calendar = calendar
+        self.push = calendar.push
+        self.core = core
+        self.outbox = outbox
+        self.broker = broker
+        self.pending = list(kinds)
+        self.injections: list[Injection] = []
+
+    def happy(self, daemon: Daemon, t0: int, cmid: str, dest: Destination, inject: str = "") -> Row:
+        """The fault-free path of one send, with ``inject`` played into it."""
+        core, mesh, outbox, broker = self.core, self.mesh, self.outbox, self.broker
+        fp = core.fingerprint(dest.kind, dest.ref, f"{cmid}:0")
+        bucket = mesh.bucket(cmid)
+        outbox.post(daemon, t0, cmid, fp, bucket, "none", None, None)
+        row = outbox.new_row(daemon, t0, cmid, fp, t0 + 1 if inject == "max_age_violated" else None, bucket)
+        t = t0 + 5
+        outbox.transition(daemon, row, t, "dispatch")
+        t_broker = t + 3
+        dd = Dedupe()
+        if inject == "id_freed":
+            event, _ = broker.receive(daemon, row, t_broker, dest, dd, False)
+            outbox.transition(daemon, row, t_broker + 3, event)
+            outbox.requeue(daemon, row, t_broker + 1_000, new_cmid=row.cmid)
+            return row
+        table_row, phase = core.broker("ok", "same", "ours", "match", "ok", "ok")
+        bmid = dd.bmid = mesh.new_id(t_broker)
+        dd.fp = fp
+        broker.commit(cmid, bucket, fp, bmid, t_broker, dest, 0 if inject == "missing_side_effect" else 1,
+                      deliver=False)
+        broker.decision(t_broker, cmid, bucket, fp, table_row, phase, 201, bmid, daemon.node)
+        for k, recipient in enumerate(dest.recipients):
+            mode = inject if k == 0 and inject in ("unacked_delivery", "duplicate_inbox_row") else ""
+            did = broker.deliver(recipient, bmid, cmid, bucket, t_broker, mode)
+            if mode == "unacked_delivery":
+                self._record("unacked_delivery", {"mesh": mesh.name, "delivery_id": did},
+                             needs_ts=t_broker + 20 + FORCED_LEASE_MS + mesh.params.redelivery_grace_ms,
+                             needs_node=mesh.broker_node)
+            elif mode == "duplicate_inbox_row":
+                self._record(mode, {"recipient": mesh.daemons[recipient].pubkey, "client_message_id": cmid},
+                             needs_ts=t_broker + FORCED_LEASE_MS + 100)
+        t_ack = t_broker + 3
+        row.bmid = bmid
+        if inject == "done_without_message":
+            row.bmid = mesh.new_id(t_ack)
+        if inject == "fingerprint_changed":
+            row.fp = core.fingerprint(dest.kind, dest.ref, f"{cmid}:changed")
+        outbox.transition(daemon, row, t_ack, "ack_created")
+        if inject == "illegal_transition":
+            failed = outbox.decide("inflight", "ack_failed")[4]  # type: ignore[index]
+            self.push(t_ack + 1_000, OT, daemon.node, bucket,
+                      (mesh.mesh_i, row.oid, cmid, fp, outbox.ot_code("inflight", "pending", "ack_failed", failed),
+                       row.attempts, row.enq, row.max_age_at, row.bmid, None))
+        elif inject == "ipc_decision_inconsistent":
+            outbox.post(daemon, t_ack + 500, cmid, fp, bucket, "pending", True, row.oid)
+        elif inject == "duplicate_broker_message":
+            t_dup = t_ack + 2_000
+            other = mesh.new_id(t_dup)
+            broker.commit(cmid, bucket, fp, other, t_dup, dest, deliver=False)
+            broker.decision(t_dup, cmid, bucket, fp, table_row, phase, 201, other, daemon.node)
+        elif inject == "delivery_uncommitted":
+            t_dl = t_ack + 1_000
+            phantom = mesh.new_id(t_dl)
+            recipient = mesh.daemons[dest.recipients[0]]
+            did = f"{phantom}.{recipient.index}"
+            self.push(t_dl, DL, mesh.broker_node, bucket,
+                      (mesh.mesh_i, phantom, cmid, recipient.node, did, 1, t_dl + LEASE_MS))
+            self.push(t_dl + 3, DA, mesh.broker_node, bucket, (mesh.mesh_i, phantom, cmid, recipient.node, did))
+        return row
+
+    def _record(self, kind: str, key: dict[str, str], needs_ts: int = 0, needs_node: int | None = None) -> None:
+        self.injections.append(Injection(kind, INJECTIONS[kind], key, needs_ts, needs_node))
+
+    def try_inject(self, daemon: Daemon, t0: int) -> bool:
+        """Play the next pending injection as ``daemon``'s send at ``t0`` if it is eligible; True when played."""
+        mesh = self.mesh
+        kind = self.pending[0]
+        if kind in ("non_monotonic_seq", "non_monotonic_event_id"):
+            self.pending.pop(0)
+            self.calendar.sse_faults.append((kind, daemon.node))
+            self.injections.append(Injection(kind, INJECTIONS[kind], {"node": daemon.name}, needs_ts=-1))
+            return False
+        if kind == "id_freed":
+            dest = Destination("topic", "t-missing", (), False, "topic_exists")
+        else:
+            subscribers = mesh.subscribers
+            j = max(range(4), key=lambda j: sum(i != daemon.index for i in subscribers[j]))
+            dest = Destination("topic", mesh.topics[j], tuple(i for i in subscribers[j] if i != daemon.index), True)
+            if not dest.recipients and kind in ("unacked_delivery", "duplicate_inbox_row", "delivery_uncommitted"):
+                return False
+        window = t0 + 8_000
+        if not daemon.outages.online_through(t0, window) or not all(
+                mesh.daemons[r].outages.online_through(t0, window) for r in dest.recipients):
+            return False
+        self.pending.pop(0)
+        cmid = f"{daemon.short}-{daemon.sends:x}"
+        row = self.happy(daemon, t0, cmid, dest, kind)
+        end = t0 + 5_000
+        if kind in ("illegal_transition", "fingerprint_changed", "max_age_violated"):
+            self._record(kind, {"node": daemon.name, "outbox_id": row.oid}, end)
+        elif kind in ("ipc_decision_inconsistent", "id_freed"):
+            self._record(kind, {"node": daemon.name, "client_message_id": cmid}, end)
+        elif kind in ("duplicate_broker_message", "missing_side_effect", "done_without_message",
+                      "delivery_uncommitted"):
+            self._record(kind, {"mesh": mesh.name, "client_message_id": cmid}, end)
+        return True
+
+    def finish(self) -> None:
+        """Once the mesh has run: which injections the trace realised, and the ones never played (dropped)."""
+        calendar = self.calendar
+        for fault, node in calendar.played_sse_faults:
+            for injection in self.injections:
+                if injection.kind == fault and injection.needs_ts < 0 and \
+                        injection.key["node"] == self.mesh.node_names[node]:
+                    injection.realised = True
+        for kind in self.pending:
+            self.injections.append(Injection(kind, INJECTIONS[kind], {}, needs_ts=-1))
+        for injection in self.injections:
+            if injection.needs_ts >= 0:
+                last = max(calendar.last_ts) if injection.needs_node is None else \
+                    calendar.last_ts[injection.needs_node - self.mesh.base_node]
+                injection.realised = last > injection.needs_ts
