@@ -28,6 +28,7 @@ def parse_destination(to: str) -> Destination:
     Raises:
         DestinationError: group (``@x``) and broadcast (``*``) addressing, an unknown prefix, or a bad name.
     """
+    # req: DEST-GRAMMAR
     if to.startswith("#"):
         return _topic(to[1:], to)
     prefix, sep, rest = to.partition(":")
@@ -41,6 +42,7 @@ def parse_destination(to: str) -> Destination:
         return Destination("queue", rest)
     if PUBKEY_HEX.fullmatch(to):
         return _dm(to, to)
+    # req: DEST-GRAMMAR -- group and broadcast addressing are not v0.9.0 kinds
     if to.startswith("@"):
         raise DestinationError("group addressing (@name) is not a v0.9.0 destination kind")
     if to == "*":
@@ -57,4 +59,5 @@ def _topic(name: str, to: str) -> Destination:
 def _dm(pubkey: str, to: str) -> Destination:
     if not PUBKEY_HEX.fullmatch(pubkey):
         raise DestinationError(f"{to!r} is not a 64-hex ed25519 public key")
+    # req: DEST-GRAMMAR -- a pubkey is lower-cased
     return Destination("dm", pubkey.lower())

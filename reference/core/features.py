@@ -36,6 +36,7 @@ class CloseReason:
                               separators=(",", ":"), ensure_ascii=False)
             if len(text.encode("utf-8")) <= limit or not detail:
                 break
+            # req: NEG-CLOSE-REASON-FIT -- detail is shortened first, kind and feature never
             detail = detail[:-1]
         if len(text.encode("utf-8")) > limit:
             text = json.dumps({"kind": self.kind, "feature": self.feature}, separators=(",", ":"))
@@ -73,6 +74,7 @@ def _type_ok(value: Any, kind: str) -> bool:
 
 
 def _check_param(name: str, rule: Mapping[str, Any], value: Any) -> None:
+    # req: NEG-PARAM-KINDS
     if not _type_ok(value, rule["type"]):
         raise _ParamFailure("feature_param_invalid", f"{name} must be {rule['type']}, got {json.dumps(value)}")
     if "enum" in rule and value not in rule["enum"]:
@@ -81,6 +83,7 @@ def _check_param(name: str, rule: Mapping[str, Any], value: Any) -> None:
         raise _ParamFailure("feature_param_invalid", f"{name} must be {json.dumps(rule['const'])}")
     if "minimum" in rule and value < rule["minimum"]:
         raise _ParamFailure("feature_param_invalid", f"{name}={value} is below {rule['minimum']}")
+    # req: NEG-PARAM-KINDS -- below the floor is its own kind (§15.5)
     if "floor" in rule and value < rule["floor"]:
         raise _ParamFailure("feature_param_below_floor", f"{name}={value} is below the daemon floor {rule['floor']}")
 
@@ -95,6 +98,7 @@ def validate_params(bit: str, params: Any) -> tuple[dict[str, Any], list[str]]:
     if not isinstance(params, Mapping):
         raise _ParamFailure("feature_param_invalid", "params must be an object")
     version = params.get("version")
+    # req: NEG-PARAM-VALIDATION
     if not _type_ok(version, "int") or version != spec["version"]:
         raise _ParamFailure("feature_param_invalid", f"params.version {json.dumps(version)} is not {spec['version']}")
     accepted: dict[str, Any] = {"version": version}
@@ -102,6 +106,7 @@ def validate_params(bit: str, params: Any) -> tuple[dict[str, Any], list[str]]:
         condition = rule.get("required_when")
         needed = condition is None or all(params.get(k) == v for k, v in condition.items())
         if name not in params:
+            # req: NEG-PARAM-VALIDATION -- a missing required parameter
             if needed:
                 raise _ParamFailure("feature_param_invalid", f"required param {name} is missing")
             continue
@@ -129,16 +134,19 @@ def negotiate(response: Mapping[str, Any], require: Sequence[str], optional: Seq
     missing_set = set(missing) if isinstance(missing, list) else set()
     accepted: dict[str, Mapping[str, Any]] = {}
     warnings: list[str] = []
+    # req: NEG-REQUIRE-DEDUPE -- with client_message_id_dedupe in require (config.py's features.require default)
     for bit in require:
         if bit not in known:
             raise ValueError(f"daemon requires unknown feature bit {bit!r}")
         offer = supported.get(bit)
         if bit in missing_set or not isinstance(offer, Mapping):
+            # req: NEG-CLOSE-REASON-SHAPE
             return Negotiation(accepted, CloseReason("feature_unavailable", bit, f"{bit} not in supported"),
                                tuple(warnings))
         try:
             params, notes = validate_params(bit, offer.get("params"))
         except _ParamFailure as exc:
+            # req: NEG-CLOSE-REASON-SHAPE
             return Negotiation(accepted, CloseReason(exc.kind, bit, exc.detail), tuple(warnings))
         accepted[bit] = params
         warnings.extend(notes)

@@ -38,9 +38,11 @@ class FingerprintInput:
 
 def meta_canonical(meta: Mapping[str, Any] | None) -> bytes:
     """RFC 8785 text of ``meta``; empty for ``None`` and ``{}`` (E-04)."""
+    # req: FP-EMPTY-META
     if not meta:
         return b""
     try:
+        # req: FP-JCS
         return rfc8785.dumps(meta)
     except (rfc8785.CanonicalizationError, rfc8785.IntegerDomainError, rfc8785.FloatDomainError,
             UnicodeEncodeError) as exc:  # a lone surrogate in a key fails while rfc8785 sorts by UTF-16
@@ -50,6 +52,7 @@ def meta_canonical(meta: Mapping[str, Any] | None) -> bytes:
 def body_hash(body: str) -> str:
     """Lowercase hex sha256 of the body's UTF-8 bytes."""
     try:
+        # req: FP-BODY-HASH-HEX
         return hashlib.sha256(body.encode("utf-8")).hexdigest()
     except UnicodeEncodeError as exc:
         raise MetaError(f"message is not valid Unicode text: {exc}") from exc
@@ -57,6 +60,7 @@ def body_hash(body: str) -> str:
 
 def canonical_preimage(item: FingerprintInput) -> bytes:
     """The exact bytes hashed by the fingerprint."""
+    # req: FP-CANONICAL-FORM -- seven fields in §4.4 order, joined by single 0x00 bytes
     parts = [
         item.envelope_version.encode("utf-8"),
         item.destination_kind.encode("utf-8"),
@@ -76,4 +80,5 @@ def request_fingerprint(item: FingerprintInput) -> bytes:
 
 def fingerprint_prefix(fingerprint: bytes) -> str:
     """The first 8 bytes as 16 lowercase hex characters, as every 409 carries it."""
+    # req: FP-PREFIX-409-WHICH -- 8 bytes as 16 lowercase hex characters
     return fingerprint[:8].hex()

@@ -53,19 +53,23 @@ def decide_send(
     decisions = decisions or table()
     state = "none" if existing is None else existing.status
     match = None if existing is None else existing.request_fingerprint == fingerprint
+    # req: IPC-NEW-ROW, IPC-PENDING-MATCH, IPC-INFLIGHT-MATCH, IPC-DONE-MATCH -- the §4.5.1 table decides
     row = decisions.lookup(row_state=state, fingerprint="match" if match in (None, True) else "mismatch")
     then = row.then
     status = int(then["http_status"])
     extras = set(then.get("include", ()))
+    # req: IPC-DONE-MISMATCH, IPC-DEAD-MATCH, REQUEUE-NEVER-FREES, IPC-CONFLICT-BODY
     if status == 409:
         body: dict[str, Any] = {
             "error": IDEMPOTENCY_KEY_REUSED,
             "conflict": then["conflict"],
             "client_message_id": client_message_id,
             # E-26: the prefix of the fingerprint the daemon computed for *this* request.
+            # req: FP-PREFIX-409, FP-PREFIX-409-WHICH
             "daemon_fingerprint_prefix": fingerprint_prefix(fingerprint),
         }
     else:
+        # req: IPC-STABLE-ID, IPC-NEW-ROW-BODY, IPC-PENDING-MATCH-BODY, IPC-INFLIGHT-MATCH-BODY, IPC-DONE-MATCH-BODY
         body = {
             "client_message_id": client_message_id,
             "status": then["status"],
@@ -73,11 +77,14 @@ def decide_send(
             "request_fingerprint": fingerprint.hex(),
         }
     if existing is not None:
+        # req: IPC-DONE-MATCH, IPC-DONE-MISMATCH -- the table row's include names the extras
         if "broker_message_id" in extras:
             body["broker_message_id"] = existing.broker_message_id
         if "history_id" in extras:
             body["history_id"] = existing.history_id
+        # req: IPC-DEAD-MATCH
         if "reason" in extras:
             body["reason"] = existing.last_error or ""
+    # req: IPC-CONFLICT-NO-MUTATION -- only the table's insert_pending writes
     return IpcDecision(row.id, status, body, then["mutation"] == "insert_pending", state, match, fingerprint,
                        None if existing is None else existing.id)

@@ -23,6 +23,7 @@ def limits() -> Mapping[str, int | float]:
     """Every limit by name (spec/tables/limits.yaml ``value``s)."""
     from spec import load_table
 
+    # req: LIMIT-TABLE -- every limit the reference enforces is read from limits.yaml by name
     return {name: entry["value"] for name, entry in load_table("limits")["limits"].items()}
 
 
@@ -91,6 +92,7 @@ def loads(raw: str | bytes, *, object_pairs_hook: Callable[[list[tuple[str, Any]
 
     def parse_int(literal: str) -> Any:
         digits = len(literal) - (literal[0] == "-")
+        # req: LIMIT-JSON
         if digits > max_digits:
             long_integers.append(digits)
             return _LongInteger(digits)
@@ -101,6 +103,7 @@ def loads(raw: str | bytes, *, object_pairs_hook: Callable[[list[tuple[str, Any]
             raw = bytes(raw).decode("utf-8")
         except UnicodeDecodeError as exc:
             raise Unparsable(f"not UTF-8: {exc.reason} at byte {exc.start}") from exc
+    # req: ERR-NO-5XX-ON-BAD-INPUT -- a parser failure is Unparsable or LimitExceeded, never a crash
     try:
         document = json.loads(raw, parse_int=parse_int, parse_constant=_refuse_constant,
                               object_pairs_hook=object_pairs_hook)
@@ -113,6 +116,7 @@ def loads(raw: str | bytes, *, object_pairs_hook: Callable[[list[tuple[str, Any]
                             f"limit is {max_digits}", document)
     # depth() walks every container; a document with no more brackets than the limit cannot go past it
     found = depth(document) if raw.count("[") + raw.count("{") > max_depth else 0
+    # req: LIMIT-JSON
     if found > max_depth:
         raise LimitExceeded("json_max_depth", f"nests {found} levels deep; the limit is {max_depth}", document)
     return document

@@ -59,6 +59,7 @@ def derive(mode: str, retention_days: int | None = None, config_default_hours: i
         default = p["permanent_default_hours"] if config_default_hours is None else config_default_hours
         if default < p["override_min_hours"]:
             raise MaxAgeError(p["errors"]["below_minimum"], f"max_age_hours {default} is below 1")
+        # req: MAXAGE-DERIVATION -- permanent mode: the configured default, capped
         return MaxAge(min(default, cap), mode, None, "config_default")
     if mode != "retention_scoped":
         raise MaxAgeError(p["errors"]["below_minimum"], f"unknown dedupe mode {mode!r}")
@@ -66,10 +67,12 @@ def derive(mode: str, retention_days: int | None = None, config_default_hours: i
         raise MaxAgeError(p["errors"]["below_minimum"],
                           f"dedupe_retention_days {retention_days} is below {p['min_retention_days']}")
     window = retention_days * 24
+    # req: MAXAGE-INSIDE-WINDOW -- at most W − 1 hours, whatever the formula gives
     ceiling = window - p["window_gap_hours"]
     if override_hours is not None:
         _check_override(override_hours, ceiling, f"the dedupe window ({window} h) minus {p['window_gap_hours']} h")
         return MaxAge(override_hours, mode, window, "override")
+    # req: MAXAGE-DERIVATION
     hours = min(max(p["floor_hours"], window - margin_hours(retention_days)), ceiling)
     return MaxAge(hours, mode, window, "derived")
 
@@ -78,6 +81,7 @@ def _check_override(hours: int, ceiling: int, what: str) -> None:
     p = _params()
     if hours < p["override_min_hours"]:
         raise MaxAgeError(p["errors"]["below_minimum"], f"max_age_hours_override {hours} is below 1")
+    # req: MAXAGE-OVERRIDE
     if hours > ceiling:
         raise MaxAgeError(p["errors"]["above_window"],
                           f"max_age_hours_override {hours} exceeds {ceiling} ({what})")

@@ -101,6 +101,7 @@ class Transition:
 
 def backoff_ms(attempts: int, policy: OutboxPolicy, jitter_unit: float = 0.0) -> int:
     """``min(max, base * 2^(attempts-1))`` with ±``policy.jitter`` applied (E-14)."""
+    # req: OBX-BACKOFF -- no attempt limit: the exponent only caps the delay
     exponent = max(attempts - 1, 0)
     raw = policy.retry_base_ms * (2 ** min(exponent, 32))
     capped = min(policy.retry_max_ms, raw)
@@ -112,6 +113,7 @@ def retry_after_delay_ms(attempts: int, policy: OutboxPolicy, jitter_unit: float
                          retry_after_ms: int | None = None) -> int:
     """The wait after a transient ack (E-42): the backoff, or the broker's retry_after_ms when that is longer (cut to
     retry_after_max_ms, spec/tables/limits.yaml)."""
+    # req: OBX-RETRY-LATER
     asked = 0 if retry_after_ms is None else max(0, min(int(retry_after_ms), limit("retry_after_max_ms")))
     return max(backoff_ms(attempts, policy, jitter_unit), asked)
 
@@ -139,6 +141,7 @@ def new_row(
 
 def is_expired(row: OutboxRow, now: int) -> bool:
     """True when ``now`` is past the row's max age (E-14)."""
+    # req: OBX-MAX-AGE-DEAD
     return row.max_age_at is not None and now > row.max_age_at
 
 
@@ -163,14 +166,17 @@ def replace(row: OutboxRow, **changes: Any) -> OutboxRow:
 _DataEffect = Callable[[OutboxRow, OutboxEvent, OutboxPolicy], OutboxRow]
 DATA_EFFECTS: dict[str, _DataEffect] = {
     "insert_row": lambda row, ev, pol: row,
+    # req: FP-FROZEN -- no effect of the table writes request_fingerprint or payload
     "freeze_fingerprint": lambda row, ev, pol: row,
     "set_max_age_at": lambda row, ev, pol: row,
+    # req: OBX-DISPATCH
     "increment_attempts": lambda row, ev, pol: replace(row, attempts=row.attempts + 1),
     "set_broker_ids": lambda row, ev, pol: replace(
         row, broker_message_id=ev.broker_message_id, history_id=ev.history_id
     ),
     "set_delivered_at": lambda row, ev, pol: replace(row, delivered_at=ev.now),
     "set_last_error": lambda row, ev, pol: replace(row, last_error=ev.error or ev.name),
+    # req: OBX-MAX-AGE-DEAD
     "set_last_error_max_age": lambda row, ev, pol: replace(row, last_error=MAX_AGE_ERROR),
     "schedule_backoff": lambda row, ev, pol: replace(  # a 5xx ack may ask for a longer wait too (E-42)
         row, next_attempt_at=ev.now + retry_after_delay_ms(row.attempts, pol, ev.jitter_unit, ev.retry_after_ms)
@@ -179,6 +185,7 @@ DATA_EFFECTS: dict[str, _DataEffect] = {
     "schedule_retry_after": lambda row, ev, pol: replace(
         row, next_attempt_at=ev.now + retry_after_delay_ms(row.attempts, pol, ev.jitter_unit, ev.retry_after_ms)
     ),
+    # req: REQUEUE-ATOMIC
     "set_aborted_audit": lambda row, ev, pol: replace(
         row, aborted_at=ev.now, aborted_by=ev.actor, superseded_by=ev.successor_id
     ),
@@ -207,6 +214,7 @@ def apply(row: OutboxRow | None, event: OutboxEvent, policy: OutboxPolicy, decis
     decisions = decisions or table()
     state = "none" if row is None else row.status
     try:
+        # req: OBX-BROKER-OUTCOMES, OBX-LATE-ACK, REC-ATTEMPTS-UNCHANGED -- the outbox table decides
         chosen = decisions.lookup(state=state, event=event.name)
     except TableError as exc:
         raise TransitionError(state, event.name, str(exc)) from exc
@@ -214,6 +222,7 @@ def apply(row: OutboxRow | None, event: OutboxEvent, policy: OutboxPolicy, decis
     outcome = then["outcome"]
     if outcome == "impossible":
         raise TransitionError(state, event.name, then.get("reason", "impossible"))
+    # req: OBX-TERMINAL, REQUEUE-STATES-REFUSED -- the row stays as it was
     if outcome in ("ignore", "reject"):
         return Transition(chosen.id, outcome, row, row, error=then.get("error"), reason=then.get("reason"),
                           event=event.name)
@@ -229,6 +238,7 @@ def apply(row: OutboxRow | None, event: OutboxEvent, policy: OutboxPolicy, decis
     if "insert_successor_pending" in effects:
         if event.successor_id is None or event.successor_client_message_id is None:
             raise TransitionError(state, event.name, "requeue needs successor_id and successor_client_message_id")
+        # req: REQUEUE-STATES, REQUEUE-ATOMIC, REQUEUE-SAME-FINGERPRINT
         successor = new_row(event.successor_id, event.successor_client_message_id, row.request_fingerprint,
                             row.payload, event.now, policy)
     io = tuple(name for name in effects if name in IO_EFFECTS)

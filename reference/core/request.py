@@ -94,6 +94,7 @@ def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for key, value in pairs:
         if key in result:
+            # req: IPC-REQUEST-STRICT -- RFC 7493 I-JSON
             raise RequestError("invalid_json", f"duplicate object key {key!r} (RFC 7493 I-JSON)")
         result[key] = value
     return result
@@ -102,6 +103,7 @@ def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 def parse_json_object(raw: bytes) -> dict[str, Any]:
     """Strict JSON: UTF-8, one object, no duplicate keys, no NaN/Infinity, within the JSON limits (E-40)."""
     try:
+        # req: IPC-REQUEST-STRICT, LIMIT-JSON -- NaN, Infinity and trailing data are Unparsable
         document = loads(raw, object_pairs_hook=_reject_duplicate_keys)
     except Unparsable as exc:
         raise RequestError("invalid_json", f"body: {exc}") from exc
@@ -133,8 +135,10 @@ def _bad(name: str, reason: str, code: str = "invalid_request") -> RequestError:
 def validate_send(document: Mapping[str, Any], idempotency_key: str | None = None) -> SendRequest:
     """Validate an already-parsed send body; see ``parse_send``."""
     unknown = sorted(set(document) - SEND_MEMBERS)
+    # req: IPC-REQUEST-STRICT
     if unknown:
         raise _bad(unknown[0], "unknown member")
+    # req: IPC-ID-GRAMMAR
     if idempotency_key is not None and not is_client_message_id(idempotency_key):
         raise _bad("Idempotency-Key", "does not match the id grammar", "invalid_client_message_id")
     body_id = document.get("client_message_id")
@@ -144,9 +148,11 @@ def validate_send(document: Mapping[str, Any], idempotency_key: str | None = Non
     if not isinstance(to, str) or not to:
         raise _bad("to", "required non-empty string")
     message = document.get("message")
+    # req: IPC-REQUEST-STRICT
     if not isinstance(message, str) or not message:
         raise _bad("message", "required non-empty string")
     priority = document.get("priority")
+    # req: FP-DEFAULTS
     if priority is None:
         priority = DEFAULT_PRIORITY
     elif priority not in PRIORITIES:
@@ -155,6 +161,7 @@ def validate_send(document: Mapping[str, Any], idempotency_key: str | None = Non
     if meta is not None and not isinstance(meta, dict):
         raise _bad("meta", "must be an object or null")
     reply_to_id = document.get("reply_to_id")
+    # req: FP-DEFAULTS, IPC-REQUEST-STRICT
     if reply_to_id is None:
         reply_to_id = ""
     elif not isinstance(reply_to_id, str):
@@ -162,10 +169,12 @@ def validate_send(document: Mapping[str, Any], idempotency_key: str | None = Non
     elif reply_to_id and not BROKER_MESSAGE_ID.fullmatch(reply_to_id):
         raise _bad("reply_to_id", "is not a broker_message_id")
     try:
+        # req: DEST-GRAMMAR
         destination = parse_destination(to)
     except DestinationError as exc:
         raise _bad("to", str(exc), "destination_unresolvable") from exc
     try:
+        # req: FP-META-REPRESENTABLE
         meta_canonical(meta)
         message.encode("utf-8")
     except MetaError as exc:
@@ -173,6 +182,7 @@ def validate_send(document: Mapping[str, Any], idempotency_key: str | None = Non
     except UnicodeEncodeError as exc:
         raise _bad("message", "is not valid Unicode text", "invalid_request") from exc
     return SendRequest(
+        # req: IPC-ID-PRECEDENCE
         client_message_id=idempotency_key if idempotency_key is not None else body_id,
         to=to,
         destination_kind=destination.kind,
