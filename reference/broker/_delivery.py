@@ -87,6 +87,7 @@ class Dispatcher(threading.Thread):
                 wanted = set(self._due)
             connected = self.connected()
             if ticked:
+                # req: BRK-REDELIVER -- every tick looks at every connected member, so a lapsed lease is pushed again
                 wanted |= connected
                 next_tick = time.monotonic() + self.tick_s
             with self._cond:

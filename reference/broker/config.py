@@ -88,6 +88,7 @@ class BrokerConfig:
         """The B1 size limit: the advertised ``max_payload.inline_bytes`` when it is an integer, else ours."""
         if self.advertise is not None:
             params = (self.advertise.get("max_payload") or {}).get("params") or {}
+            # req: BRK-PAYLOAD-LIMIT -- B1 holds bodies to what is advertised
             value = params.get("inline_bytes") if isinstance(params, dict) else None
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:
                 return value
@@ -113,6 +114,7 @@ def supported_features(config: BrokerConfig, dedupe_mode: str, retention_days: i
     """The ``supported`` map for a mesh whose dedupe policy is (``dedupe_mode``, ``retention_days``)."""
     if config.advertise is not None:
         return json.loads(json.dumps(config.advertise))
+    # req: BRK-ADVERTISE, BRK-ADVERTISE-POLICY -- the mesh's own mode and retention
     dedupe: dict[str, Any] = {"version": 1, "mode": dedupe_mode, "request_fingerprint": True}
     if dedupe_mode == "retention_scoped":
         dedupe["dedupe_retention_days"] = retention_days

@@ -198,6 +198,7 @@ class BrokerServer:
         """Bind the listener and start the dispatcher and the retention thread; returns the bound port."""
         self._server = serve(
             self._handle, self.config.host, self.config.port, compression=None,
+            # req: BRK-FRAME-LIMITS -- a message past link_frame_max_bytes closes 1009
             open_timeout=self.config.handshake_timeout_s, close_timeout=2, max_size=int(limit("link_frame_max_bytes")),
             logger=logging.getLogger("meshbroker.websockets"),
         )
@@ -347,6 +348,7 @@ class BrokerServer:
         except TimeoutError as exc:
             raise _Refused("protocol_error", f"no {expected} within {self.config.handshake_timeout_s:g} s") from exc
         frame, limited = self._parse(raw)
+        # req: BRK-PROTOCOL-ERROR -- before hello, or before negotiation completes
         if frame is None or frame["type"] != expected:
             got = "an unparsable frame" if frame is None else f"a {frame['type'][:32]!r} frame"
             raise _Refused("protocol_error", f"{got} before {expected}")
@@ -367,8 +369,10 @@ class BrokerServer:
 
     def _handshake(self, conn: ServerConnection) -> Session:
         hello = self._recv_frame(conn, "hello")
+        # req: BRK-HELLO-AUTH -- a bad signature closes 4001
         if not self._signature_verified(hello):
             raise _Refused("unauthorized", "bad hello signature")
+        # req: BRK-HELLO-AUTH -- a timestamp past ±hello_skew_s closes 4002
         skew_ms = self._hello_skew_ms(hello["timestamp"])
         if skew_ms is not None:
             raise _Refused("hello_expired", f"hello timestamp is {skew_ms} ms away from the broker's clock")
@@ -376,6 +380,7 @@ class BrokerServer:
         if self.config.dev:
             self._db(self._dev_register, mesh_id, pubkey, hello.get("displayName") or "")
         policy = self._db(self.store.mesh_policy, mesh_id)
+        # req: BRK-HELLO-AUTH -- an unknown member closes 4001
         if policy is None or not self._db(self.store.is_member, mesh_id, pubkey):
             raise _Refused("unauthorized", f"{pubkey[:16]}… is not a member of mesh {mesh_id!r}")
         session = Session(
@@ -397,6 +402,7 @@ class BrokerServer:
                              "sessionId": session.session_id, "brokerVersion": BROKER_VERSION,
                              "serverTime": self._now_ms()}))
             request = self._recv_frame(conn, "feature_negotiation_request")
+            # req: BRK-ADVERTISE-POLICY -- the mesh's own policy, the one _expires_at enacts
             supported = supported_features(self.config, policy["dedupe_mode"], policy["retention_days"])
             missing = [bit for bit in request["require"] if bit not in supported]
             conn.send(_json({"type": "feature_negotiation_response", "supported": supported,
@@ -420,14 +426,17 @@ class BrokerServer:
     def _serve(self, session: Session) -> None:
         for raw in session.conn:
             frame, limited = self._parse(raw)
+            # req: BRK-PROTOCOL-ERROR, BRK-FRAME-LIMITS -- not JSON, or too deep to parse: 4005
             if frame is None:
                 raise _Refused("protocol_error", "an unparsable frame")
             kind = frame["type"]
+            # req: BRK-PROTOCOL-ERROR -- no known type
             if kind not in self._schemas:
                 raise _Refused("protocol_error", f"unknown frame type {kind[:32]!r}")
             if kind == "send":
                 self._on_send(session, frame, limited)
                 continue
+            # req: BRK-FRAME-LIMITS -- a frame past the JSON limits gets an error frame
             problem = limited or self._problem(frame)
             if problem is not None:
                 session.send(error_frame("invalid_frame", f"{kind}: {problem}", frame.get("requestId")))
@@ -454,6 +463,7 @@ class BrokerServer:
             problem = "id must equal client_message_id"
         if problem is not None:
             cmid = frame.get("client_message_id")
+            # req: BRK-B1-NO-WRITE, BRK-FRAME-LIMITS -- a send past the schema or the limits: a B1 ack, nothing written
             if isinstance(cmid, str) and CLIENT_MESSAGE_ID.fullmatch(cmid):
                 self._reject_frame(session, frame, cmid, problem[:MAX_DETAIL], "limits" if limited else "schema")
             else:
@@ -530,6 +540,7 @@ class BrokerServer:
             try:
                 self._trace_accept(session, request, result)
                 online.update(pubkey for pubkey in result.recipients if self.presence.is_connected(pubkey))
+                # req: BRK-DELIVERY-COMMITTED -- acks and pushes only after accept_batch's COMMIT
                 session.send(result.ack_frame())
             except Exception:
                 log.exception("accept of %s failed outside the store", request.client_message_id)
@@ -537,6 +548,7 @@ class BrokerServer:
                 assert session.inflight is not None
                 session.inflight.release()
         if online:
+            # req: BRK-DELIVERY-COMMITTED
             self.dispatcher.due(online)
 
     def _trace_accept(self, session: Session, request: AcceptRequest, result: AcceptResult) -> None:
@@ -586,6 +598,7 @@ class BrokerServer:
 
     def _on_client_ack(self, session: Session, frame: dict[str, Any]) -> None:
         delivery_id = frame["delivery_id"]
+        # req: BRK-CLIENT-ACK
         if not delivery_id.isdigit():
             session.send(error_frame("unknown_delivery", f"no delivery {delivery_id[:64]!r}"))
             return
@@ -607,6 +620,7 @@ class BrokerServer:
                            client_message_id=frame["clientMessageId"], recipient=session.pubkey,
                            delivery_id=str(delivery_id))
             else:
+                # req: BRK-CLIENT-ACK -- any other client_ack settles nothing
                 session.send(error_frame("unknown_delivery", f"no delivery {delivery_id} of message "
                                          f"{frame['brokerMessageId'][:32]} for this member"))
         except Exception:

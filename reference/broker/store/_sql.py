@@ -300,6 +300,7 @@ class SqlBrokerStore(BrokerStore):
             keys: set[tuple[str, str]] = set()
             for index in pending:
                 key = (calls[index][0].mesh_id, calls[index][0].client_message_id)
+                # req: BRK-CONCURRENT-ONE-MESSAGE -- a repeated key waits for the next transaction
                 (later if key in keys else group).append(index)
                 keys.add(key)
             group.sort(key=lambda i: (calls[i][0].mesh_id, calls[i][0].client_message_id))
@@ -341,6 +342,7 @@ class SqlBrokerStore(BrokerStore):
                     if result.committed:
                         committing.append((index, known))
             if committing:
+                # req: BRK-ATOMIC
                 self._commit(conn)  # the one fsync of the group: no ack of it has been sent yet
             else:
                 self._rollback(conn)
@@ -386,7 +388,9 @@ class SqlBrokerStore(BrokerStore):
         known: dict[str, str] = {}
         failed_check, policy, broker_fp = self._phase_b1(req, checks, sender)
         if failed_check is not None:
+            # req: BRK-B1-NO-WRITE -- before the savepoint: nothing written
             return self._rejected(broker_accept.settle(b1="rejected"), req, failed_check, checks), known
+        # req: BRK-RECOMPUTE-DRIFT -- decided before any write
         known = {"b1": "ok", "drift": "same" if broker_fp == req.request_fingerprint else "differs"}
         settled = broker_accept.settle(**known)
         if settled is not None:  # BRK-DRIFT: nothing written
@@ -397,6 +401,7 @@ class SqlBrokerStore(BrokerStore):
         try:
             cur = conn.cursor()
             self._savepoint(cur, "savepoint", position)
+            # req: BRK-CONCURRENT-ONE-MESSAGE, BRK-RECOMPUTE -- the broker's own fingerprint is what it stores
             self._x(cur, "claim_dedupe", mesh_id=req.mesh_id, client_message_id=req.client_message_id,
                     broker_message_id=broker_message_id, request_fingerprint=broker_fp,
                     destination_kind=req.destination_kind, destination_ref=req.destination_ref,
@@ -408,16 +413,20 @@ class SqlBrokerStore(BrokerStore):
             row = read_back.fetchone()
             if row is None:
                 raise StoreError("the dedupe row vanished between the claim and the read-back")
+            # req: BRK-FIRST-INSERT, BRK-DUP-MATCH, BRK-DUP-MISMATCH -- the table settles on claim and fingerprint
             known["claim"] = "ours" if row["broker_message_id"] == broker_message_id else "theirs"
+            # req: BRK-RECOMPUTE -- every receipt compares the broker's computation
             known["fingerprint"] = "match" if bytes(row["request_fingerprint"]) == broker_fp else "mismatch"
             settled = broker_accept.settle(**known)
             if settled is None:
                 found = destination.fetchall()
+                # req: BRK-B2-ROLLBACK
                 failed_check = None if found else B2_CHECK_BY_KIND[req.destination_kind]
                 known["b2"] = "ok" if failed_check is None else "rejected"
                 settled = broker_accept.settle(**known)
             if settled is None:
                 recipients = [found_row["pubkey"] for found_row in found if found_row["pubkey"] is not None]
+                # req: BRK-ATOMIC -- message, history and deliveries inside the send's savepoint
                 self._insert_effects(cur, req, broker_message_id, history_id, recipients)
                 if pipe is not None:
                     pipe.sync()  # an insert's failure surfaces here, still this send's
@@ -427,6 +436,7 @@ class SqlBrokerStore(BrokerStore):
                 settled = broker_accept.settle(**known)
             assert settled is not None, known
             if settled.transaction == "rollback":
+                # req: BRK-B2-ROLLBACK, BRK-DUP-MATCH, BRK-DUP-MISMATCH -- no dedupe row kept, nothing created
                 self._rollback_to_savepoint(cur, pipe, position)
             elif settled.transaction != "commit":
                 raise StoreError(f"a transaction was open for an outcome with transaction={settled.transaction!r}")
@@ -438,6 +448,7 @@ class SqlBrokerStore(BrokerStore):
                     pipe.sync()
             self._rollback_to_savepoint(conn.cursor(), pipe, position)
             log.exception("broker_accept_failed client_message_id=%s", req.client_message_id)
+            # req: BRK-ATOMIC -- a failure inside answers 5xx and leaves none of the send's rows
             decided = broker_accept.settle(**{**known, "commit": "failed"}) if known.get("b2") == "ok" else None
             return self._fault(req, decided, exc), known
         if failed_check is not None:
@@ -450,6 +461,7 @@ class SqlBrokerStore(BrokerStore):
         if "first_seen_at" in settled.include:
             values["first_seen_at"] = rfc3339_ms(int(row["first_seen_at_ms"]))
         if settled.conflict is not None or "broker_fingerprint_prefix" in settled.include:
+            # req: BRK-DUP-MISMATCH-PREFIX
             values["broker_fingerprint_prefix"] = fingerprint_prefix(broker_fp)  # this request's, as E-26 says
         return self._answer(settled, req, values, counts, tuple(recipients)), known
 
@@ -472,9 +484,11 @@ class SqlBrokerStore(BrokerStore):
             return "membership", policy, b""
         if req.destination_kind not in DESTINATION_KINDS:
             return "destination_kind_valid", policy, b""
+        # req: BRK-PAYLOAD-LIMIT
         if len(req.body.encode("utf-8", "surrogatepass")) > checks.max_payload_bytes:
             return "payload_size", policy, b""
         try:
+            # req: BRK-RECOMPUTE, FP-CANONICAL-FORM
             broker_fp = request_fingerprint(FingerprintInput(
                 destination_kind=req.destination_kind, destination_ref=req.destination_ref,
                 reply_to_id=req.reply_to_id, priority=req.priority, meta=req.meta, body=req.body,
@@ -487,10 +501,12 @@ class SqlBrokerStore(BrokerStore):
 
     @staticmethod
     def _expires_at(req: AcceptRequest, policy: Mapping[str, Any]) -> int | None:
+        # req: BRK-DEDUPE-PERMANENT, BRK-ADVERTISE-POLICY
         if policy["dedupe_mode"] == "permanent":
             return None
         if req.dedupe_expires_at_ms is not None:
             return req.dedupe_expires_at_ms
+        # req: BRK-ADVERTISE-POLICY -- dedupe_retention_days after first_seen_at
         return req.received_at_ms + int(policy["retention_days"]) * DAY_MS
 
     def _insert_effects(
@@ -526,8 +542,10 @@ class SqlBrokerStore(BrokerStore):
         """The ack for a 201, 200 or 409 outcome: the members the table row includes, per E-10."""
         body: dict[str, Any] = {"client_message_id": req.client_message_id}
         if settled.conflict is not None:
+            # req: BRK-DUP-MISMATCH, BRK-RECOMPUTE-DRIFT
             body.update(error=IDEMPOTENCY_KEY_REUSED, conflict=settled.conflict,
                         broker_fingerprint_prefix=values["broker_fingerprint_prefix"])
+        # req: BRK-FIRST-INSERT, BRK-DUP-MATCH -- the members the table row includes
         body.update({name: values[name] for name in settled.include})
         if "duplicate" in _THEN[settled.table_row]:
             body["duplicate"] = bool(_THEN[settled.table_row]["duplicate"])
@@ -574,6 +592,7 @@ class SqlBrokerStore(BrokerStore):
                      broker_message_id: str | None = None) -> bool:
         with self._transaction(write=True) as cur:
             acked_at = _now_ms() if now_ms is None else now_ms
+            # req: BRK-CLIENT-ACK
             cur = self._x(cur, "ack_delivery", id=delivery_id, recipient=recipient, now=acked_at,
                           broker_message_id=broker_message_id)
             return cur.rowcount == 1
@@ -583,6 +602,7 @@ class SqlBrokerStore(BrokerStore):
     def prune_messages(self, before_ms: int) -> int:
         with self._transaction(write=True) as cur:
             for name in ("prune_flip_history", "prune_deliveries", "prune_history"):
+                # req: BRK-HISTORY-AVAILABLE -- history_available flips in the transaction that prunes the message
                 self._x(cur, name, before=before_ms)
             deleted = self._x(cur, "prune_topic_messages", before=before_ms).rowcount
             deleted += self._x(cur, "prune_queue_messages", before=before_ms).rowcount
@@ -591,6 +611,7 @@ class SqlBrokerStore(BrokerStore):
     def expire_dedupe(self, now_ms: int) -> int:
         with self._transaction(write=True) as cur:
             self._x(cur, "expire_history", now=now_ms)
+            # req: BRK-DEDUPE-EXPIRY
             return self._x(cur, "expire_dedupe", now=now_ms).rowcount
 
     # --- inventory -----------------------------------------------------------------------------------------------

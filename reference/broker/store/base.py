@@ -94,6 +94,7 @@ class AcceptResult:
 
     def ack_frame(self) -> dict[str, Any]:
         """The whole E-10 ``ack`` frame: ``type``, ``status``, legacy ``id``/``messageId``/``queued``, then ``body``."""
+        # req: WS-ACK-STATUS -- an integer status and the §4.5b members, beside the legacy id, messageId and queued
         queued = self.http_status in (200, 201)
         return {
             "type": "ack", "status": self.http_status, "id": self.body["client_message_id"],

@@ -72,6 +72,7 @@ SQL: dict[str, str] = {
         "AND c.queue_id = q.id WHERE q.mesh_id = %(mesh_id)s AND q.id = %(ref)s ORDER BY c.pubkey"
     ),
     # §4.7.2 steps 1 and 2
+    # req: BRK-CONCURRENT-ONE-MESSAGE -- ON CONFLICT DO NOTHING: one dedupe row per (mesh, client_message_id)
     "claim_dedupe": (
         "INSERT INTO mesh.client_message_dedupe (mesh_id, client_message_id, broker_message_id, request_fingerprint, "
         "destination_kind, destination_ref, first_seen_at, expires_at) "
@@ -125,6 +126,7 @@ SQL: dict[str, str] = {
         "SELECT 1 FROM mesh.delivery_queue WHERE recipient_pubkey = %(recipient)s AND acked_at IS NULL "
         "AND (lease_until IS NULL OR lease_until <= mesh.ms_to_ts(%(now)s)) LIMIT 1"
     ),
+    # req: BRK-REDELIVER, BRK-REDELIVER-LEASE -- unacked rows whose lease lapsed are leased again, attempt + 1
     "lease_deliveries": (
         "UPDATE mesh.delivery_queue SET attempt = attempt + 1, lease_until = mesh.ms_to_ts(%(lease_until)s) "
         "WHERE id IN (SELECT id FROM mesh.delivery_queue WHERE recipient_pubkey = %(recipient)s "
@@ -139,12 +141,14 @@ SQL: dict[str, str] = {
         "LEFT JOIN mesh.message_history h ON h.broker_message_id = d.broker_message_id "
         "WHERE d.id = ANY(%(ids)s) ORDER BY d.id"
     ),
+    # req: BRK-CLIENT-ACK -- only the delivery's recipient, naming its message, settles it
     "ack_delivery": (
         "UPDATE mesh.delivery_queue SET acked_at = COALESCE(acked_at, mesh.ms_to_ts(%(now)s)) "
         "WHERE id = %(id)s AND recipient_pubkey = %(recipient)s "
         "AND (%(broker_message_id)s::text IS NULL OR broker_message_id = %(broker_message_id)s)"
     ),
     # retention (§17 step 6) and expiry (§17 step 5)
+    # req: BRK-HISTORY-AVAILABLE
     "prune_flip_history": (
         "UPDATE mesh.client_message_dedupe d SET history_available = FALSE WHERE d.history_available AND EXISTS ("
         "SELECT 1 FROM mesh.accepted_message m WHERE m.created_at < mesh.ms_to_ts(%(before)s) "
@@ -169,6 +173,7 @@ SQL: dict[str, str] = {
         "AND policy.dedupe_mode = 'retention_scoped') "
         "AND NOT EXISTS (SELECT 1 FROM mesh.accepted_message m WHERE m.id = h.broker_message_id)"
     ),
+    # req: BRK-DEDUPE-EXPIRY, BRK-DEDUPE-PERMANENT -- retention_scoped meshes only
     "expire_dedupe": (
         "DELETE FROM mesh.client_message_dedupe WHERE expires_at IS NOT NULL "
         "AND expires_at < mesh.ms_to_ts(%(now)s) AND mesh_id IN "

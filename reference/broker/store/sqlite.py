@@ -65,6 +65,7 @@ SQL: dict[str, str] = {
         "WHERE q.mesh_id = :mesh_id AND q.id = :ref ORDER BY c.pubkey"
     ),
     # §4.7.2 steps 1 and 2
+    # req: BRK-CONCURRENT-ONE-MESSAGE -- ON CONFLICT DO NOTHING: one dedupe row per (mesh, client_message_id)
     "claim_dedupe": (
         "INSERT INTO client_message_dedupe (mesh_id, client_message_id, broker_message_id, request_fingerprint, "
         "destination_kind, destination_ref, first_seen_at, expires_at) "
@@ -114,6 +115,7 @@ SQL: dict[str, str] = {
         "SELECT 1 FROM delivery_queue WHERE recipient_pubkey = :recipient AND acked_at IS NULL "
         "AND (lease_until IS NULL OR lease_until <= :now) LIMIT 1"
     ),
+    # req: BRK-REDELIVER, BRK-REDELIVER-LEASE -- unacked rows whose lease lapsed are leased again, attempt + 1
     "lease_deliveries": (
         "UPDATE delivery_queue SET attempt = attempt + 1, lease_until = :lease_until "
         "WHERE id IN (SELECT id FROM delivery_queue WHERE recipient_pubkey = :recipient AND acked_at IS NULL "
@@ -127,12 +129,14 @@ SQL: dict[str, str] = {
         "LEFT JOIN message_history h ON h.broker_message_id = d.broker_message_id "
         "WHERE d.id IN (SELECT value FROM json_each(:ids)) ORDER BY d.id"
     ),
+    # req: BRK-CLIENT-ACK -- only the delivery's recipient, naming its message, settles it
     "ack_delivery": (
         "UPDATE delivery_queue SET acked_at = COALESCE(acked_at, :now) "
         "WHERE id = :id AND recipient_pubkey = :recipient "
         "AND (:broker_message_id IS NULL OR broker_message_id = :broker_message_id)"
     ),
     # retention (§17 step 6) and expiry (§17 step 5)
+    # req: BRK-HISTORY-AVAILABLE
     "prune_flip_history": (
         "UPDATE client_message_dedupe SET history_available = 0 WHERE history_available = 1 AND EXISTS ("
         "SELECT 1 FROM accepted_message m WHERE m.created_at < :before AND m.mesh_id = client_message_dedupe.mesh_id "
@@ -157,6 +161,7 @@ SQL: dict[str, str] = {
         "AND d.expires_at < :now AND policy.dedupe_mode = 'retention_scoped') "
         "AND NOT EXISTS (SELECT 1 FROM accepted_message m WHERE m.id = message_history.broker_message_id)"
     ),
+    # req: BRK-DEDUPE-EXPIRY, BRK-DEDUPE-PERMANENT -- retention_scoped meshes only
     "expire_dedupe": (
         "DELETE FROM client_message_dedupe WHERE expires_at IS NOT NULL AND expires_at < :now AND mesh_id IN "
         "(SELECT id FROM mesh WHERE dedupe_mode = 'retention_scoped')"
@@ -237,6 +242,7 @@ class SqliteStore(SqlBrokerStore):
         if not self.path.exists():
             # Every message body is in this file: 0600 from the start (SQLite gives -wal and -shm the same mode).
             with contextlib.suppress(FileNotFoundError):  # a missing directory fails on connect, with SQLite's words
+                # req: LIFE-PRIVATE-FILES -- broker.db; SQLite gives its WAL files the same mode
                 os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
         super().__init__(checks, fault_hook)
 
@@ -248,6 +254,7 @@ class SqliteStore(SqlBrokerStore):
         mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
         if mode.lower() != "wal":
             raise sqlite3.OperationalError(f"{self.path}: journal_mode is {mode}, not wal")
+        # req: BRK-ATOMIC -- a COMMIT is durable before any ack of it is sent
         conn.execute("PRAGMA synchronous = FULL")
         # The statement journal that lets a group transaction roll back to one send's savepoint lives in memory, not
         # in a temporary file: it only ever serves a rollback inside an open transaction, never recovery.
@@ -260,6 +267,7 @@ class SqliteStore(SqlBrokerStore):
         conn.execute("BEGIN")
 
     def _begin_write(self, conn: sqlite3.Connection) -> None:
+        # req: BRK-CONCURRENT-ONE-MESSAGE -- one writer: the claim and its read-back see no other accept between them
         conn.execute("BEGIN IMMEDIATE")
 
     def _lock_migrations(self, cur: sqlite3.Cursor) -> None:
