@@ -64,7 +64,9 @@ DAEMON_CONFIG = """
 drain_timeout_s = 2.0
 log_level = "WARNING"
 """
-TARGETS = {"send/raw-commit": 1.0, "send/health": 0.5, "send p99 ms": 20.0}
+TARGETS = {"send/upstream": 1.0, "send p99 ms": 20.0}
+DEFAULT_UPSTREAM = REPO.parent / "shared" / "upstream"
+DEFAULT_RUNTIME = Path.home() / ".cache" / "claudemesh-upstream"
 
 
 # --- the load generator (runs in worker processes: keep it free of project imports) ------------------------------
@@ -294,18 +296,22 @@ def _null_server(path: str, ready: Any) -> None:
 # --- the stack's ceiling ----------------------------------------------------------------------------------------
 
 
-def stack_ceiling(work: Path, workers: int, args: argparse.Namespace) -> Load:
-    """The send load against bench/_bare_ipc.py with ``workers`` gunicorn worker processes."""
-    path = work / f"bare{workers}.sock"
-    server = subprocess.Popen([sys.executable, str(REPO / "bench" / "_bare_ipc.py"), str(path), str(workers)],
-                              stdout=subprocess.DEVNULL)
+def stack_ceiling(work: Path, workers: int, args: argparse.Namespace, durable: bool = False) -> Load:
+    """The send load against bench/_bare_ipc.py (or, ``durable``, bench/_durable_ipc.py) with ``workers`` gunicorn
+    worker processes."""
+    name = "durable" if durable else "bare"
+    path = work / f"{name}{workers}.sock"
+    command = [sys.executable, str(REPO / "bench" / f"_{name}_ipc.py"), str(path), str(workers)]
+    if durable:
+        command.append(str(work / f"durable{workers}.db"))
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30
         while not _answers(path):  # the master binds first; a worker answers once it has booted
             if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"bench/_bare_ipc.py did not start ({workers} workers)")
+                raise RuntimeError(f"bench/_{name}_ipc.py did not start ({workers} workers)")
             time.sleep(0.05)
-        return run_load(path, "send", f"ceiling{workers}", args.clients, args.procs, args.seconds, args.warmup,
+        return run_load(path, "send", f"{name}{workers}", args.clients, args.procs, args.seconds, args.warmup,
                         _process_tree(server.pid))
     finally:
         server.terminate()
@@ -365,43 +371,91 @@ def _outbox_depth(launched: Any) -> dict[str, int]:
 
 
 @dataclass
+class Phase:
+    """One send phase against one fresh implementation: the load and what its broker had by the end of it."""
+
+    load: Load
+    accepted: int  # 202 answers
+    delivered: int  # distinct client_message_ids whose send frame the broker had received (and acked) by the end
+    rows: int | None = None  # outbox rows afterwards (the reference's metrics; None where not readable)
+    broker_cpu_s: float = 0.0  # CPU of this process during the phase: the scripted broker receiving and acking
+
+
+@dataclass
 class Round:
-    """One round: raw commits, then a fresh daemon's health and send phases."""
+    """One round: raw commits, then the upstream daemon's send phase and a fresh reference's health and send."""
 
     raw: list[float]
     health: Load
-    send: Load
-    rows: int  # every outbox row, whatever its status
-    delivered: int  # rows already acked by the broker (done) when the send phase ended
+    send: Phase
+    upstream: Phase | None
 
     @property
     def raw_rate(self) -> float:
         return len(self.raw) / sum(self.raw)
 
 
-def run_round(work: Path, index: int, args: argparse.Namespace) -> Round:
-    """Raw commits on the filesystem of the daemon's state, then health and send against a fresh daemon."""
-    from conformance.launch import REFERENCE_TEMPLATE, Launched
+def _delivered(broker: Any) -> int:
+    """Distinct client_message_ids the scripted broker received a send frame for (it acks every one at once)."""
+    return len({f.get("client_message_id") or f.get("id") for f in broker.received("send")})
+
+
+def send_phase(template: str, state_dir: Path, args: argparse.Namespace, label: str,
+               health: bool = False) -> tuple[Phase, Load | None]:
+    """A fresh instance of ``template`` linked to a scripted broker that acks every send: [health,] send phase."""
+    from conformance.launch import Launched
     from conformance.peer import ScriptedBroker
 
+    state_dir.mkdir(mode=0o700, exist_ok=True)
+    with ScriptedBroker() as broker:  # auto dialect: it speaks whichever dialect the daemon's hello announces
+        daemon = Launched(template, state_dir, broker.url)
+        daemon.start()
+        try:
+            daemon.wait_ready()
+            broker.wait_linked(timeout=15)  # the broker's evidence: a hello answered (every dialect)
+            pids = _process_tree(daemon.process.pid)
+            health_load = run_load(daemon.socket_path, "health", "health", args.clients, args.procs, args.seconds,
+                                   args.warmup, pids) if health else None
+            broker_cpu = time.process_time()
+            load = run_load(daemon.socket_path, "send", label, args.clients, args.procs, args.seconds, args.warmup,
+                            pids)
+            broker_cpu = time.process_time() - broker_cpu
+            delivered = _delivered(broker)
+            rows = sum(_outbox_depth(daemon).values()) if label == "send" else None
+        finally:
+            daemon.stop(timeout=20)
+    return Phase(load, load.statuses.get(202, 0), delivered, rows, broker_cpu), health_load
+
+
+def run_round(work: Path, index: int, args: argparse.Namespace, upstream: str | None) -> Round:
+    """Raw commits on the filesystem of the daemons' state, then upstream's send phase and the reference's."""
+    from conformance.launch import REFERENCE_TEMPLATE
+
     raw = raw_commits(work / "raw.db", args.seconds)
+    peer = None
+    if upstream is not None:
+        peer, _ = send_phase(upstream, work / f"u{index}", args, "upstream")
     state_dir = work / f"d{index}"
     state_dir.mkdir(mode=0o700)
     (state_dir / "config.toml").write_text(DAEMON_CONFIG)
-    with ScriptedBroker() as broker:  # answers every send (auto), so the drain loop runs as in production
-        daemon = Launched(REFERENCE_TEMPLATE, state_dir, broker.url)
-        daemon.start()
-        try:
-            daemon.wait_connected()
-            pids = _process_tree(daemon.process.pid)
-            health = run_load(daemon.socket_path, "health", "health", args.clients, args.procs, args.seconds,
-                              args.warmup, pids)
-            send = run_load(daemon.socket_path, "send", "send", args.clients, args.procs, args.seconds, args.warmup,
-                            pids)
-            depth = _outbox_depth(daemon)
-        finally:
-            daemon.stop(timeout=20)
-    return Round(raw, health, send, sum(depth.values()), depth.get("done", 0))
+    send, health = send_phase(REFERENCE_TEMPLATE, state_dir, args, "send", health=True)
+    assert health is not None
+    return Round(raw, health, send, peer)
+
+
+def upstream_template(args: argparse.Namespace, console: Any) -> str | None:
+    """The launch template of upstream's build (installing its runtime once), or None when it is not here."""
+    cli = args.runtime / f"claudemesh-cli-{args.build}" / "cli.js"
+    if not (args.upstream / "setup.sh").is_file():
+        console.print(f"[yellow]{args.upstream} is absent: no upstream daemon to compare with; the rows against it "
+                      "are not measured (a user's clone has no upstream builds)[/yellow]")
+        return None
+    if not cli.is_file() or not (args.runtime / "node").exists():
+        subprocess.run(["bash", str(args.upstream / "setup.sh"), str(args.runtime)], check=True)
+    sys.path.insert(0, str(REPO / "fixtures" / "interop"))
+    from run import launch_template
+
+    return launch_template(args.runtime, args.build)
 
 
 def pooled(loads: list[Load]) -> Load:
@@ -423,11 +477,17 @@ def pooled(loads: list[Load]) -> Load:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
-    parser.add_argument("--seconds", type=float, default=5.0, help="measurement window per phase and round (5)")
+    parser.add_argument("--seconds", type=float, default=10.0, help="measurement window per phase and round (10)")
     parser.add_argument("--warmup", type=float, default=1.0, help="warm-up before each window (default 1)")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds of raw/health/send, each on a fresh daemon (3)")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds, each on fresh daemons (default 2)")
     parser.add_argument("--clients", type=int, default=16, help="concurrent clients (default 16)")
     parser.add_argument("--procs", type=int, default=4, help="load-generator processes (default 4)")
+    parser.add_argument("--upstream", type=Path, default=DEFAULT_UPSTREAM,
+                        help="the upstream builds' folder with setup.sh (default ../shared/upstream)")
+    parser.add_argument("--runtime", type=Path, default=DEFAULT_RUNTIME,
+                        help="where setup.sh installs Node and the builds (default ~/.cache/claudemesh-upstream)")
+    parser.add_argument("--build", default="1.21.1", help="the upstream build to compare with (default 1.21.1)")
+    parser.add_argument("--no-ceilings", action="store_true", help="skip the null responder and bare-stack rows")
     parser.add_argument("--tmp", type=Path, default=None, help="parent of the temp directory (default: system tmp)")
     parser.add_argument("--keep", action="store_true", help="keep the temp directory (daemon state and logs)")
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is not met")
@@ -437,32 +497,44 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from reference.core.limits import limit
+
     console = Console(width=None if sys.stdout.isatty() else 160)
+    upstream = upstream_template(args, console)
     # A short parent keeps the unix socket path under the 108-byte limit.
     work = Path(tempfile.mkdtemp(prefix="meshbench-", dir=args.tmp))
     procs = max(1, min(args.procs, args.clients))
     console.print(f"[dim]temp dir {work} (raw commits and daemon state on one filesystem); {args.clients} clients "
                   f"over {procs} processes; {args.rounds} round(s) of {args.seconds:g} s per phase; "
-                  f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; "
-                  f"SQLite {sqlite3.sqlite_version}[/dim]")
+                  f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; SQLite {sqlite3.sqlite_version}; "
+                  f"reference with its default limits (spec/tables/limits.yaml: request body "
+                  f"{int(limit('ipc_send_body_bytes')):,} B, the hostile-input caps of #11)[/dim]")
+    ceilings: list[Load] = []
+    null_load = None
     try:
-        console.print("null responder ...")
-        ctx = mp.get_context("spawn")
-        null_path = work / "null.sock"
-        null_ready = ctx.Event()
-        null = ctx.Process(target=_null_server, args=(str(null_path), null_ready), daemon=True)
-        null.start()
-        if not null_ready.wait(30):
-            raise RuntimeError("the null responder did not start")
-        null_load = run_load(null_path, "send", "null", args.clients, procs, args.seconds, args.warmup, [null.pid])
-        null.terminate()
-        null.join(10)
-        console.print("the IPC stack with no work behind it (1 and 2 worker processes) ...")
-        ceilings = [stack_ceiling(work, workers, args) for workers in (1, 2)]
+        if not args.no_ceilings:
+            console.print("null responder ...")
+            ctx = mp.get_context("spawn")
+            null_path = work / "null.sock"
+            null_ready = ctx.Event()
+            null = ctx.Process(target=_null_server, args=(str(null_path), null_ready), daemon=True)
+            null.start()
+            if not null_ready.wait(30):
+                raise RuntimeError("the null responder did not start")
+            null_load = run_load(null_path, "send", "null", args.clients, procs, args.seconds, args.warmup,
+                                 [null.pid])
+            null.terminate()
+            null.join(10)
+            console.print("the IPC stack with no work behind it (1 and 2 worker processes) ...")
+            ceilings = [stack_ceiling(work, workers, args) for workers in (1, 2)]
+            console.print("several processes accepting durably (phase A + group commit, FULL), no link: 1, 2, 3 ...")
+            ceilings += [stack_ceiling(work, workers, args, durable=True) for workers in (1, 2, 3)]
         rounds = []
         for index in range(args.rounds):
-            console.print(f"round {index + 1}: raw SQLite commits, GET /v1/health, POST /v1/send ...")
-            rounds.append(run_round(work, index, args))
+            console.print(f"round {index + 1}: raw SQLite commits, "
+                          f"{'upstream ' + args.build + ' POST /v1/send, ' if upstream else ''}"
+                          "reference GET /v1/health and POST /v1/send ...")
+            rounds.append(run_round(work, index, args, upstream))
     finally:
         if args.keep:
             console.print(f"[dim]kept {work}[/dim]")
@@ -472,21 +544,31 @@ def main(argv: list[str] | None = None) -> int:
     raw_times = [t for r in rounds for t in r.raw]
     raw_rate = len(raw_times) / sum(raw_times)
     health = pooled([r.health for r in rounds])
-    send = pooled([r.send for r in rounds])
-    accepted = send.statuses.get(202, 0)
-    rows = sum(r.rows for r in rounds)
-    delivered = sum(r.delivered for r in rounds)
+    send = pooled([r.send.load for r in rounds])
+    peer = pooled([r.upstream.load for r in rounds]) if upstream else None
 
-    per_round = Table(title="rounds (each on a fresh daemon; raw commits measured just before it)")
-    for column in ("round", "raw commit /s", "health /s", "send /s", "send p99 ms", "send/raw-commit", "send/health"):
+    per_round = Table(title="rounds (each on fresh daemons, side by side: upstream first, then the reference)")
+    for column in ("round", "raw commit /s", f"upstream {args.build} send /s", "upstream p99 ms",
+                   "upstream delivered by end", "reference send /s", "reference p99 ms",
+                   "reference delivered by end", "reference/upstream", "scripted broker CPU (up | ref)"):
         per_round.add_column(column, justify="right")
+
+    def broker_cores(phase: Phase | None) -> str:
+        return "-" if phase is None else f"{phase.broker_cpu_s / phase.load.wall_s:.2f}"
+
     for index, r in enumerate(rounds, 1):
-        per_round.add_row(str(index), f"{r.raw_rate:,.0f}", f"{r.health.rate:,.0f}", f"{r.send.rate:,.0f}",
-                          f"{r.send.percentile_ms(0.99):.2f}", f"{r.send.rate / r.raw_rate:.2f}",
-                          f"{r.send.rate / r.health.rate:.2f}")
+        u = r.upstream
+        per_round.add_row(
+            str(index), f"{r.raw_rate:,.0f}",
+            f"{u.load.rate:,.0f}" if u else "-", f"{u.load.percentile_ms(0.99):.2f}" if u else "-",
+            f"{u.delivered:,} of {u.accepted:,}" if u else "-",
+            f"{r.send.load.rate:,.0f}", f"{r.send.load.percentile_ms(0.99):.2f}",
+            f"{r.send.delivered:,} of {r.send.accepted:,}",
+            f"{r.send.load.rate / u.load.rate:.2f}" if u else "-",
+            f"{broker_cores(u)} | {broker_cores(r.send)} cores")
     console.print(per_round)
 
-    table = Table(title=f"meshd durable send throughput ({args.clients} clients, unix socket, all rounds pooled)")
+    table = Table(title=f"durable POST /v1/send, {args.clients} keep-alive clients, unix socket, all rounds pooled")
     for column in ("measurement", "rate /s", "p50 ms", "p99 ms", "answers", "errors", "client CPU", "server CPU",
                    "server CPU/req"):
         table.add_column(column, justify="left" if column == "measurement" else "right")
@@ -497,43 +579,71 @@ def main(argv: list[str] | None = None) -> int:
     table.add_row("raw SQLite commit (1 conn, WAL, FULL)", f"{raw_rate:,.0f}",
                   f"{statistics.median(raw_times) * 1000:.2f}",
                   f"{statistics.quantiles(raw_times, n=100)[98] * 1000:.2f}", str(len(raw_times)), "-", "-", "-", "-")
-    for load in (null_load, *ceilings, health, send):
-        name = {"null": "null responder, POST (load generator max)",
-                "ceiling1": "ceiling: bare IPC stack, 1 process, POST",
-                "ceiling2": "ceiling: bare IPC stack, 2 processes, POST",
-                "health": "daemon GET /v1/health", "send": "daemon POST /v1/send (durable)"}[load.label]
+    names = {"null": "null responder, POST (load generator max)",
+             "bare1": "ceiling: bare IPC stack, 1 process, POST",
+             "bare2": "ceiling: bare IPC stack, 2 processes, POST",
+             "durable1": "durable accept, no link, 1 process (FULL)",
+             "durable2": "durable accept, no link, 2 processes (FULL)",
+             "durable3": "durable accept, no link, 3 processes (FULL)",
+             "upstream": f"upstream {args.build} POST /v1/send (synchronous=NORMAL)",
+             "health": "reference GET /v1/health", "send": "reference POST /v1/send (durable, FULL)"}
+    for load in (null_load, *ceilings, peer, health, send):
+        if load is None:
+            continue
         answers = ", ".join(f"{status}: {count}" for status, count in sorted(load.statuses.items()))
         per_request = "-" if load.server_cpu_s is None else (
             f"{load.server_cpu_s / max(sum(load.statuses.values()), 1) * 1e6:.0f} us")
-        table.add_row(name, f"{load.rate:,.0f}", f"{load.percentile_ms(0.5):.2f}", f"{load.percentile_ms(0.99):.2f}",
-                      answers, str(load.errors), cores(load.client_cores), cores(load.server_cores), per_request)
+        table.add_row(names[load.label], f"{load.rate:,.0f}", f"{load.percentile_ms(0.5):.2f}",
+                      f"{load.percentile_ms(0.99):.2f}", answers, str(load.errors), cores(load.client_cores),
+                      cores(load.server_cores), per_request)
     console.print(table)
 
-    ratios = {"send/raw-commit": send.rate / raw_rate, "send/health": send.rate / health.rate}
-    headroom = null_load.rate / max(send.rate, health.rate, 1)
-    verdicts = [
-        ("send/raw-commit", f"{ratios['send/raw-commit']:.2f}", f">= {TARGETS['send/raw-commit']}",
-         ratios["send/raw-commit"] >= TARGETS["send/raw-commit"]),
-        ("send/health", f"{ratios['send/health']:.2f}", f">= {TARGETS['send/health']}",
-         ratios["send/health"] >= TARGETS["send/health"]),
-        ("send p99", f"{send.percentile_ms(0.99):.2f} ms", f"<= {TARGETS['send p99 ms']:g} ms",
-         send.percentile_ms(0.99) <= TARGETS["send p99 ms"]),
-        ("durable: every send 202, one outbox row per 202", f"{accepted} x 202, {rows} rows, {send.errors} errors",
-         "only 202s, rows == 202s", rows == accepted and send.errors == 0 and set(send.statuses) == {202}),
-        ("(info) delivered: rows the broker acked by the end of the send phase",
-         f"{delivered} of {rows} ({delivered / max(rows, 1):.0%})", "not a target: a daemon whose drain loop lags "
-         "defers CPU past the window", None),
-        ("(info) the stack's ceiling against the raw commit rate",
-         f"1 process {ceilings[0].rate / raw_rate:.2f}, 2 processes {ceilings[1].rate / raw_rate:.2f}",
-         "below 1.0, send/raw-commit >= 1.0 is out of reach with that many processes", None),
-        ("load generator not the bottleneck", f"null {null_load.rate:,.0f}/s = {headroom:.1f} x the faster daemon "
-         f"rate; clients used {send.client_cores:.2f} cores during send", ">= 2 x", headroom >= 2),
+    accepted = sum(r.send.accepted for r in rounds)
+    rows = sum(r.send.rows or 0 for r in rounds)
+    delivered = sum(r.send.delivered for r in rounds)
+    p99 = send.percentile_ms(0.99)
+    verdicts: list[tuple[str, str, str, bool | None]] = []
+    if peer is not None:
+        ratio = send.rate / peer.rate
+        peer_accepted = sum(r.upstream.accepted for r in rounds if r.upstream)
+        peer_delivered = sum(r.upstream.delivered for r in rounds if r.upstream)
+        verdicts += [
+            ("accepted sends/s, reference / upstream " + args.build,
+             f"{send.rate:,.0f} / {peer.rate:,.0f} = {ratio:.2f}", f">= {TARGETS['send/upstream']}",
+             ratio >= TARGETS["send/upstream"]),
+            (f"(info) upstream {args.build}: accepted rows its broker had by the end of the phase",
+             f"{peer_delivered:,} of {peer_accepted:,} ({peer_delivered / max(peer_accepted, 1):.0%})",
+             "upstream drains at most 32 rows per 500 ms", None)]
+    else:
+        verdicts.append(("accepted sends/s against upstream", "not measured: no upstream build here",
+                         f">= {TARGETS['send/upstream']}", None))
+    verdicts += [
+        ("reference send p99", f"{p99:.2f} ms", f"<= {TARGETS['send p99 ms']:g} ms", p99 <= TARGETS["send p99 ms"]),
+        ("reference durable: only 202s, one outbox row per 202",
+         f"{accepted:,} x 202, {rows:,} rows, {send.errors} errors", "rows == 202s",
+         rows == accepted and send.errors == 0 and set(send.statuses) == {202}),
+        ("reference: every accepted row broker-acked by the end of the phase", f"{delivered:,} of {accepted:,}",
+         "all", delivered >= accepted),
+        ("(info) send/health, send/raw-commit", f"{send.rate / health.rate:.2f}, {send.rate / raw_rate:.2f}",
+         "the #3 ratios, retired", None),
     ]
-    summary = Table(title="targets (a 202 is sent only after the COMMIT, synchronous=FULL, that fsynced its row)")
+    if ceilings:
+        verdicts.append(("(info) the IPC stack's ceiling, 1 and 2 processes",
+                         f"{ceilings[0].rate:,.0f} and {ceilings[1].rate:,.0f} /s",
+                         "no daemon on that stack answers faster than its ceiling", None))
+        verdicts.append(("(info) durable accept without the link, 1/2/3 processes",
+                         " / ".join(f"{load.rate:,.0f}" for load in ceilings[2:]) + " /s",
+                         "a multi-process daemon's ceiling before the link's share", None))
+    if null_load is not None:
+        headroom = null_load.rate / max(send.rate, health.rate, peer.rate if peer else 0, 1)
+        verdicts.append(("load generator not the bottleneck", f"null {null_load.rate:,.0f}/s = {headroom:.1f} x the "
+                         f"fastest daemon rate; clients used {send.client_cores:.2f} cores during send", ">= 2 x",
+                         headroom >= 2))
+    summary = Table(title="targets (a reference 202 follows the COMMIT, synchronous=FULL, that fsynced its row)")
     for column in ("target", "measured", "wanted", "verdict"):
         summary.add_column(column)
     for name, measured, wanted, met in verdicts:
-        verdict = "info" if met is None else "[green]targets met[/green]" if met else "[red]not met[/red]"
+        verdict = "info" if met is None else "[green]met[/green]" if met else "[red]not met[/red]"
         summary.add_row(name, measured, wanted, verdict)
     console.print(summary)
     return 1 if args.check and not all(met for *_, met in verdicts if met is not None) else 0
