@@ -25,6 +25,8 @@ from typing import Any
 
 import httpx
 
+from reference.daemon.layout import StateDir
+
 READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
 
@@ -49,11 +51,11 @@ class Sandbox:
 
     @property
     def socket_path(self) -> Path:
-        return self.state_dir / "daemon.sock"
+        return StateDir(self.state_dir).socket
 
     @property
     def token_file(self) -> Path:
-        return self.state_dir / "local_token"
+        return StateDir(self.state_dir).local_token
 
     @property
     def broker_url(self) -> str:
@@ -61,7 +63,7 @@ class Sandbox:
 
     def tcp_port(self) -> int | None:
         try:
-            return int((self.state_dir / "http.port").read_text().strip())
+            return int(StateDir(self.state_dir).http_port.read_text().strip())
         except (OSError, ValueError):
             return None
 

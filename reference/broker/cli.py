@@ -149,7 +149,9 @@ def _pubkey(value: str) -> str:
     """A 64-hex ed25519 public key, or the ed25519_pubkey of a daemon state directory's keypair.json."""
     path = Path(value)
     if path.is_dir():
-        path = path / "keypair.json"
+        from reference.daemon.layout import StateDir
+
+        path = StateDir(path).keypair
     if path.is_file():
         value = json.loads(path.read_text(encoding="utf-8"))["ed25519_pubkey"]
     value = value.lower()

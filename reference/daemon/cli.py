@@ -23,6 +23,7 @@ from rich.table import Table
 
 from . import client, identity, logs
 from .config import Config, ConfigError, load
+from .layout import StateDir
 
 if TYPE_CHECKING:
     from .runtime import Components
@@ -74,7 +75,7 @@ def cmd_up(args: argparse.Namespace, components: Components | None = None) -> in
     from .server import record_exit, serve
 
     state_dir = _state_dir(args)
-    config_path = args.config or state_dir / "config.toml"
+    config_path = args.config or StateDir(state_dir).config
 
     def current() -> Config:
         return load(config_path, _overrides(args))
@@ -139,18 +140,19 @@ def _detach(args: argparse.Namespace, state_dir: Path) -> int:
         argv += ["--state-dir", str(state_dir)]
     from reference.sandbox import private_log
 
-    log = private_log(state_dir / "daemon.log")
+    files = StateDir(state_dir)
+    log = private_log(files.log)
     process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            err.print(f"meshd: the daemon exited with {process.returncode}; see {state_dir / 'daemon.log'}")
+            err.print(f"meshd: the daemon exited with {process.returncode}; see {files.log}")
             return process.returncode or 1
         if client.is_running(state_dir):
-            console.print(f"meshd running (pid {process.pid})\n  socket  {state_dir / 'daemon.sock'}")
-            port = state_dir / "http.port"
-            if port.exists():
-                console.print(f"  tcp     127.0.0.1:{port.read_text().strip()}\n  token   {state_dir / 'local_token'}")
+            console.print(f"meshd running (pid {process.pid})\n  socket  {files.socket}")
+            if files.http_port.exists():
+                port = files.http_port.read_text().strip()
+                console.print(f"  tcp     127.0.0.1:{port}\n  token   {files.local_token}")
             return 0
         time.sleep(0.1)
     err.print("meshd: the daemon did not answer within 20 s")
@@ -158,7 +160,7 @@ def _detach(args: argparse.Namespace, state_dir: Path) -> int:
 
 
 def _pid(state_dir: Path) -> int | None:
-    path = state_dir / "daemon.pid"
+    path = StateDir(state_dir).pid
     try:
         pid = int(path.read_text().strip())
         os.kill(pid, 0)
@@ -236,7 +238,7 @@ def cmd_version(args: argparse.Namespace) -> int:
 
 def cmd_accept_host(args: argparse.Namespace) -> int:
     state_dir = _state_dir(args)
-    config = load(state_dir / "config.toml")
+    config = load(StateDir(state_dir).config)
     fingerprint = identity.accept_host(state_dir, config["identity"]["host_id_override"],
                                        config["identity"]["stable_mac_override"])
     console.print(f"host fingerprint re-pinned: {fingerprint[:16]} (keypair kept)")
@@ -250,7 +252,8 @@ def _outbox_store(state_dir: Path):
     from .runtime import policy_for
     from .store import OutboxStore
 
-    return OutboxStore(state_dir / "outbox.db", policy_for(load(state_dir / "config.toml")))
+    files = StateDir(state_dir)
+    return OutboxStore(files.outbox_db, policy_for(load(files.config)))
 
 
 def cmd_outbox_list(args: argparse.Namespace) -> int:
@@ -258,7 +261,7 @@ def cmd_outbox_list(args: argparse.Namespace) -> int:
 
     state_dir = _state_dir(args)
     status = next((OUTBOX_FILTERS[name] for name in OUTBOX_FILTERS if getattr(args, name)), None)
-    if not (state_dir / "outbox.db").exists():
+    if not StateDir(state_dir).outbox_db.exists():
         err.print(f"meshd: no outbox in {state_dir}")
         return 1
     store = _outbox_store(state_dir)
@@ -285,10 +288,11 @@ def cmd_inbox_quarantine(args: argparse.Namespace) -> int:
     from .store import InboxStore
 
     state_dir = _state_dir(args)
-    if not (state_dir / "inbox.db").exists():
+    path = StateDir(state_dir).inbox_db
+    if not path.exists():
         err.print(f"meshd: no inbox in {state_dir}")
         return 1
-    store = InboxStore(state_dir / "inbox.db")  # WAL: reading beside a running daemon is safe
+    store = InboxStore(path)  # WAL: reading beside a running daemon is safe
     try:
         records = [frame.as_dict() for frame in store.quarantined(limit=args.limit)]
     finally:
@@ -405,8 +409,8 @@ def launchd_plist(state_dir: Path) -> str:
     <string>--state-dir</string><string>{state_dir}</string></array>
   <key>RunAtLoad</key><true/>
   <key>KeepAlive</key><dict><key>SuccessfulExit</key><false/></dict>
-  <key>StandardOutPath</key><string>{state_dir}/daemon.log</string>
-  <key>StandardErrorPath</key><string>{state_dir}/daemon.log</string>
+  <key>StandardOutPath</key><string>{StateDir(state_dir).log}</string>
+  <key>StandardErrorPath</key><string>{StateDir(state_dir).log}</string>
 </dict>
 </plist>
 """

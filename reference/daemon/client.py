@@ -7,27 +7,20 @@ from typing import Any
 
 import httpx
 
-
-def state_files(state_dir: Path) -> dict[str, Path]:
-    return {
-        "socket": state_dir / "daemon.sock",
-        "port": state_dir / "http.port",
-        "token": state_dir / "local_token",
-        "pid": state_dir / "daemon.pid",
-    }
+from .layout import StateDir
 
 
 def unix_client(state_dir: Path, timeout: float = 10.0) -> httpx.Client:
     """An httpx client bound to the daemon's unix socket."""
-    transport = httpx.HTTPTransport(uds=str(state_files(state_dir)["socket"]), verify=False)  # plain HTTP
+    transport = httpx.HTTPTransport(uds=str(StateDir(state_dir).socket), verify=False)  # plain HTTP
     return httpx.Client(transport=transport, base_url="http://localhost", timeout=timeout)
 
 
 def tcp_client(state_dir: Path, timeout: float = 10.0) -> httpx.Client:
     """An httpx client for the TCP listener with the bearer token from local_token."""
-    files = state_files(state_dir)
-    port = int(files["port"].read_text(encoding="ascii").strip())
-    token = files["token"].read_text(encoding="ascii").strip()
+    files = StateDir(state_dir)
+    port = int(files.http_port.read_text(encoding="ascii").strip())
+    token = files.local_token.read_text(encoding="ascii").strip()
     return httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=timeout, verify=False,
                         headers={"Authorization": f"Bearer {token}"})
 
@@ -40,7 +33,7 @@ def call(state_dir: Path, method: str, path: str, **kwargs: Any) -> httpx.Respon
 
 def is_running(state_dir: Path) -> bool:
     """True when the daemon answers /v1/health on its socket."""
-    if not state_files(state_dir)["socket"].exists():
+    if not StateDir(state_dir).socket.exists():
         return False
     try:
         return call(state_dir, "GET", "/v1/health").status_code == 200

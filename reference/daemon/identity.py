@@ -21,9 +21,8 @@ from pathlib import Path
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
 
-FINGERPRINT_FILE = "host_fingerprint.json"
-KEYPAIR_FILE = "keypair.json"
-TOKEN_FILE = "local_token"
+from .layout import StateDir
+
 VIRTUAL_INTERFACE = re.compile(r"^(lo|docker|br-|veth|tap|tun|tailscale|wg|utun|ppp|vboxnet|vmnet|awdl|llw|virbr)")
 MACHINE_ID_FILES = (Path("/etc/machine-id"), Path("/var/lib/dbus/machine-id"))
 
@@ -97,7 +96,7 @@ def check_host(state_dir: Path, host_id_override: str = "", mac_override: str = 
     """
     host_id, mac = read_host_id(host_id_override), read_stable_mac(mac_override)
     current = host_fingerprint(host_id, mac)
-    path = state_dir / FINGERPRINT_FILE
+    path = StateDir(state_dir).host_fingerprint
     if not path.exists():
         pin_host(state_dir, host_id, mac)
         return HostCheck("first_run", current)
@@ -124,7 +123,7 @@ def pin_host(state_dir: Path, host_id: str, mac: str) -> str:
         "stable_mac": mac,
         "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    write_private(state_dir / FINGERPRINT_FILE, (json.dumps(document, indent=2) + "\n").encode())
+    write_private(StateDir(state_dir).host_fingerprint, (json.dumps(document, indent=2) + "\n").encode())
     return fingerprint
 
 
@@ -158,7 +157,7 @@ def load_or_mint_keypair(state_dir: Path) -> tuple[Keypair, bool]:
     Raises:
         IdentityUnreadable: the file exists but is not a keypair this daemon wrote.
     """
-    path = state_dir / KEYPAIR_FILE
+    path = StateDir(state_dir).keypair
     if path.exists():
         try:
             document = json.loads(path.read_text(encoding="utf-8"))
@@ -181,7 +180,7 @@ def load_or_mint_keypair(state_dir: Path) -> tuple[Keypair, bool]:
 
 def load_or_mint_token(state_dir: Path) -> str:
     """The local IPC token: 32 random bytes, base64url without padding, in local_token (0600)."""
-    path = state_dir / TOKEN_FILE
+    path = StateDir(state_dir).local_token
     if path.exists():
         try:
             token = path.read_text(encoding="ascii").strip()

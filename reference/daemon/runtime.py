@@ -34,6 +34,7 @@ from .app import DaemonContext, create_app
 from .committer import GroupCommitter
 from .config import Config
 from .events import EventBus
+from .layout import StateDir
 from .link import BrokerLink
 from .metrics import DaemonMetrics
 from .problems import Problem
@@ -77,15 +78,16 @@ def daemon_node(keypair: Any) -> str:
 
 def lock_state_dir(state_dir: Path) -> None:
     """Hold an exclusive lock on the state directory for this process and its worker (one daemon per directory)."""
-    handle = (state_dir / "daemon.lock").open("a+")
+    files = StateDir(state_dir)
+    handle = files.lock.open("a+")
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError as exc:
         handle.close()
-        pid = (state_dir / "daemon.pid").read_text().strip() if (state_dir / "daemon.pid").exists() else "?"
+        pid = files.pid.read_text().strip() if files.pid.exists() else "?"
         raise PreflightError(EXIT_LOCKED, f"another daemon (pid {pid}) is running in {state_dir}") from exc
     _LOCKS.append(handle)
-    (state_dir / "daemon.pid").write_text(f"{os.getpid()}\n", encoding="ascii")
+    files.pid.write_text(f"{os.getpid()}\n", encoding="ascii")
 
 
 def trace_store_item(trace: TraceWriter, mesh: str, item: Any) -> None:
@@ -134,6 +136,7 @@ class Components:
 def preflight(state_dir: Path, config: Config, components: Components | None = None) -> list[str]:
     """Checks and recovery before serving; returns log lines describing what was done."""
     parts = components or Components()
+    files = StateDir(state_dir)
     notes: list[str] = []
     state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(state_dir, 0o700)
@@ -160,12 +163,12 @@ def preflight(state_dir: Path, config: Config, components: Components | None = N
     if minted:
         notes.append("member keypair minted (keypair.json)")
     try:
-        outbox = parts.outbox_store(state_dir / "outbox.db", policy_for(config), config["outbox"]["synchronous"])
+        outbox = parts.outbox_store(files.outbox_db, policy_for(config), config["outbox"]["synchronous"])
     except (OutboxCorrupt, SchemaTooNew) as exc:
         raise PreflightError(EXIT_OUTBOX, f"{exc}; the outbox is never discarded automatically: restore it from "
                              "a backup or move it aside by hand") from exc
     except (sqlite3.Error, OSError, StoreError) as exc:  # not a database file at all: a directory, no permission
-        raise PreflightError(EXIT_OUTBOX, f"{state_dir / 'outbox.db'} cannot be opened ({type(exc).__name__}: "
+        raise PreflightError(EXIT_OUTBOX, f"{files.outbox_db} cannot be opened ({type(exc).__name__}: "
                              f"{exc}); the outbox is never discarded automatically: fix or move it aside by hand"
                              ) from exc
     try:
@@ -186,9 +189,9 @@ def preflight(state_dir: Path, config: Config, components: Components | None = N
             finally:
                 trace.close()
     try:
-        inbox, quarantined = parts.inbox_store.open_or_quarantine(state_dir / "inbox.db")
+        inbox, quarantined = parts.inbox_store.open_or_quarantine(files.inbox_db)
     except (sqlite3.Error, OSError, StoreError) as exc:
-        raise PreflightError(EXIT_ERROR, f"{state_dir / 'inbox.db'} cannot be opened ({type(exc).__name__}: {exc}); "
+        raise PreflightError(EXIT_ERROR, f"{files.inbox_db} cannot be opened ({type(exc).__name__}: {exc}); "
                              "move it aside and start again (a fresh inbox is created)") from exc
     inbox.close()
     if quarantined is not None:
@@ -203,6 +206,7 @@ class Runtime:
                  on_fatal: Callable[[int, str], None] | None = None, components: Components | None = None):
         parts = self.components = components or Components()
         self.state_dir = state_dir
+        files = StateDir(state_dir)
         self.config = config
         self._on_fatal = on_fatal
         self._stop_master: Callable[[], None] | None = None
@@ -211,14 +215,14 @@ class Runtime:
         self.token = identity.load_or_mint_token(state_dir)
         self.trace = (TraceWriter(trace_dir, "daemon", daemon_node(self.keypair), clock=self.clock) if trace_dir
                       else None)
-        self.outbox = parts.outbox_store(state_dir / "outbox.db", policy_for(config), config["outbox"]["synchronous"],
+        self.outbox = parts.outbox_store(files.outbox_db, policy_for(config), config["outbox"]["synchronous"],
                                          trace=self._trace_store if self.trace else None)
         # §4.11 at every worker start, not only the master's: gunicorn starts a new worker after one is SIGKILLed,
         # and the rows the dead worker had in flight must go back to pending (a no-op after preflight's own pass).
         recovered = self.outbox.recover(self.clock.ms())
         if recovered:
             log.warning("crash recovery: %d inflight row(s) of a previous worker returned to pending", len(recovered))
-        self.inbox, _ = parts.inbox_store.open_or_quarantine(state_dir / "inbox.db")
+        self.inbox, _ = parts.inbox_store.open_or_quarantine(files.inbox_db)
         self.bus = parts.event_bus(self.inbox, int(config["ipc"]["max_streams"]), float(config["ipc"]["keepalive_s"]),
                                    trace=self.trace)
         self.metrics = DaemonMetrics(self.outbox)

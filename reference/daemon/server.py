@@ -41,11 +41,11 @@ from gunicorn.workers.gthread import TConn, ThreadWorker
 from reference.core.limits import limit
 
 from .deadlines import DeadlineSocket, ReadTimeout
+from .layout import StateDir
 from .logs import JsonGunicornLogger
 from .problems import PROBLEM_JSON, Problem
 
 log = logging.getLogger("meshd")
-EXIT_REASON = "exit_reason.json"
 
 
 class TransportTag:
@@ -524,7 +524,7 @@ class DaemonServer(BaseApplication):
 
     def load_config(self) -> None:
         ipc = self.daemon_config["ipc"]
-        binds = [f"unix:{self.state_dir / 'daemon.sock'}"]
+        binds = [f"unix:{StateDir(self.state_dir).socket}"]
         if ipc["tcp_enabled"]:
             host = ipc["http_bind"]
             binds.append(f"[{host}]:{ipc['http_port']}" if ":" in host else f"{host}:{ipc['http_port']}")
@@ -544,12 +544,13 @@ class DaemonServer(BaseApplication):
         return TransportTag(app, float(self.daemon_config["ipc"]["body_read_s"]))
 
     def _when_ready(self, server: Any) -> None:
-        sock_path = self.state_dir / "daemon.sock"
+        files = StateDir(self.state_dir)
+        sock_path = files.socket
         os.chmod(sock_path, 0o600)
         for listener in server.LISTENERS:
             address = listener.sock.getsockname()
             if listener.sock.family in (socket.AF_INET, socket.AF_INET6):
-                port_file = self.state_dir / "http.port"
+                port_file = files.http_port
                 port_file.write_text(f"{address[1]}\n", encoding="ascii")
                 os.chmod(port_file, 0o644)
         server.handle_hup = lambda: self._hangup(server)
@@ -596,11 +597,11 @@ class DaemonServer(BaseApplication):
 
 def record_exit(state_dir: Path, code: int, reason: str) -> None:
     """Remember why the worker asked the master to stop, for ``serve`` to exit with."""
-    (state_dir / EXIT_REASON).write_text(json.dumps({"code": code, "reason": reason}), encoding="utf-8")
+    StateDir(state_dir).exit_record.write_text(json.dumps({"code": code, "reason": reason}), encoding="utf-8")
 
 
 def recorded_exit(state_dir: Path) -> tuple[int, str] | None:
-    path = state_dir / EXIT_REASON
+    path = StateDir(state_dir).exit_record
     if not path.exists():
         return None
     try:
@@ -616,8 +617,9 @@ def serve(state_dir: Path, config: dict[str, dict[str, Any]], build: Callable[[]
           log_level: Callable[[], str] | None = None) -> int:
     """Run the daemon until it is stopped; returns the process exit code (E-15). ``log_level`` reads the
     configured level again (SIGHUP)."""
-    (state_dir / EXIT_REASON).unlink(missing_ok=True)
-    (state_dir / "daemon.sock").unlink(missing_ok=True)
+    files = StateDir(state_dir)
+    files.exit_record.unlink(missing_ok=True)
+    files.socket.unlink(missing_ok=True)
     master = os.getpid()
     code = 0
     try:

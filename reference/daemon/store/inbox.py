@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from ..layout import quarantine_path
 from ._cursor import decode_cursor, encode_cursor
 from ._sqlite import SqliteStore, StoreError, _now_ms, log
 
@@ -359,7 +360,7 @@ def _quarantine(path: Path) -> Path:
     """Rename ``path`` and its WAL sidecars to ``<name>.corrupt-<unix-ms>`` (a fresh name, never overwriting)."""
     stamp = _now_ms()
     while True:
-        target = path.with_name(f"{path.name}.corrupt-{stamp}")
+        target = quarantine_path(path, stamp)
         if not any(Path(f"{target}{suffix}").exists() for suffix in ("", "-wal", "-shm")):
             break
         stamp += 1
