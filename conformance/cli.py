@@ -5,7 +5,7 @@
                     [--strict] [--spec-only] [--select ID ...] [--deselect ID ...] [--seed N]
                     [--case-timeout S] [--deadline S] [--report-dir DIR]
     meshconform broker [--url ws://… | --launch TEMPLATE] [--lease-s S] [...]
-    meshconform list [--json]
+    meshconform list [--json] [--write]
 
 Exit codes: 0 every MUST passed (and every SHOULD with --strict), 1 a failure, 2 a fault of the harness itself.
 The report keeps the spec's own requirements and meshspec's profile (errata, OpenAPI shape) apart; --spec-only
@@ -169,6 +169,9 @@ def summarize(report: dict) -> None:
 
 
 def list_cases(args: argparse.Namespace) -> int:
+    if args.write:
+        console.print(f"wrote {registry.write_case_ids()} ({len(registry.case_ids())} cases)")
+        return 0
     cases = registry.cases()
     if args.json:
         print(json.dumps([{"id": c.id, "requirements": list(c.requirements)} for c in cases], indent=2))
@@ -224,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     brokers.set_defaults(func=run)
     lister = sub.add_parser("list", help="list the cases and the requirements they check")
     lister.add_argument("--json", action="store_true")
+    lister.add_argument("--write", action="store_true",
+                        help="write conformance/case_ids.json, the case ids `meshd spec check` reads")
     lister.set_defaults(func=list_cases)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     return args.func(args)

@@ -1,14 +1,16 @@
 """The conformance cases and the requirements they check, read from the case modules without importing them.
 
 A case is a test function in ``conformance/cases/`` decorated ``@case("suite.name", "REQ-ID", ...)``. Reading the
-decorators with ``ast`` keeps this cheap enough for the spec gate, which checks that every ``conformance::<id>`` the
-requirement registry names exists.
+decorators with ``ast`` keeps listing them cheap. The spec gate, which checks that every ``conformance::<id>`` the
+requirement registry names exists, imports no harness: it reads ``conformance/case_ids.json``, which
+``meshconform list --write`` writes from here (tests/conformance/test_case_ids.py fails while the file is stale).
 """
 
 from __future__ import annotations
 
 import ast
 import functools
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +18,7 @@ import pytest
 
 CASES_DIR = Path(__file__).resolve().parent / "cases"
 BROKER_CASES_DIR = Path(__file__).resolve().parent / "broker_cases"
+CASE_IDS_FILE = Path(__file__).resolve().parent / "case_ids.json"
 MARK = "meshspec"
 
 
@@ -58,6 +61,18 @@ def cases(*dirs: Path) -> tuple[CaseInfo, ...]:
 
 def case_ids() -> list[str]:
     return [c.id for c in cases()]
+
+
+def case_ids_document() -> str:
+    """``conformance/case_ids.json`` as it should read: every case id, in file and line order."""
+    return json.dumps({"cases": case_ids()}, indent=2) + "\n"
+
+
+def write_case_ids(path: Path | None = None) -> Path:
+    """Write the case ids the spec gate reads (to ``CASE_IDS_FILE`` unless ``path`` is given)."""
+    path = path or CASE_IDS_FILE
+    path.write_text(case_ids_document(), encoding="utf-8")
+    return path
 
 
 def by_requirement() -> dict[str, list[str]]:

@@ -1,21 +1,22 @@
-"""`meshd`: the spec tools (and, as they land, the reference daemon and broker)."""
+"""`meshd`: the spec tools, the reference daemon and the reference broker."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
+import functools
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 SPEC_TOOLS = {
-    "check": ("spec.tools.check", "validate the whole spec (the CI gate)"),
-    "diff": ("spec.tools.diff", "list breaking changes between two spec trees"),
-    "diagrams": ("spec.tools.diagrams", "render the state tables as Mermaid diagrams"),
-    "model-check": ("spec.tools.model", "explore the formal model exhaustively"),
-    "vectors": ("spec.tools.vectors", "run every test vector against the core"),
-    "conformance-doc": ("spec.tools.conformance_doc", "regenerate CONFORMANCE.md from the registry"),
-    "fingerprint": ("reference.cli", "print the canonical preimage and fingerprint of a send request"),
+    "check": "validate the whole spec (the CI gate)",
+    "diff": "list breaking changes between two spec trees",
+    "diagrams": "render the state tables as Mermaid diagrams",
+    "model-check": "explore the formal model exhaustively",
+    "vectors": "run every test vector against the core",
+    "conformance-doc": "regenerate CONFORMANCE.md from the registry",
+    "fingerprint": "print the canonical preimage and fingerprint of a send request",
 }
 
 
@@ -56,20 +57,34 @@ def fingerprint_cli(argv: list[str]) -> int:
     return 0
 
 
+def spec_tool(name: str) -> Callable[[list[str]], int]:
+    """The ``cli`` behind ``meshd spec <name>``; the tools that run the spec against a core are handed this one."""
+    from reference import core
+    from spec.tools import check, conformance_doc, diagrams, diff, model, vectors
+
+    tools: dict[str, Callable[[list[str]], int]] = {
+        "check": functools.partial(check.cli, core=core),
+        "diff": diff.cli,
+        "diagrams": diagrams.cli,
+        "model-check": functools.partial(model.cli, core=core),
+        "vectors": functools.partial(vectors.cli, core=core),
+        "conformance-doc": conformance_doc.cli,
+        "fingerprint": fingerprint_cli,
+    }
+    return tools[name]
+
+
 def spec_main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: meshd spec <tool> [args]\n\ntools:")
-        for name, (_, summary) in SPEC_TOOLS.items():
+        for name, summary in SPEC_TOOLS.items():
             print(f"  {name:<16} {summary}")
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
     if name not in SPEC_TOOLS:
         print(f"meshd spec: unknown tool {name!r}; see `meshd spec --help`", file=sys.stderr)
         return 2
-    if name == "fingerprint":
-        return fingerprint_cli(rest)
-    module = importlib.import_module(SPEC_TOOLS[name][0])
-    return module.cli(rest)
+    return spec_tool(name)(rest)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -22,6 +22,7 @@ from .fingerprint import (
 from .ipc import IpcDecision, decide_send
 from .maxage import MaxAge, MaxAgeError, derive
 from .outbox import (
+    KNOWN_EFFECTS,
     OutboxEvent,
     OutboxPolicy,
     OutboxRow,
@@ -37,6 +38,7 @@ from .request import RequestError, SendRequest, is_client_message_id, parse_send
 
 __all__ = [
     "ENVELOPE_VERSION",
+    "KNOWN_EFFECTS",
     "AmbiguousRow",
     "CloseReason",
     "DecisionTable",

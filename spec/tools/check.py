@@ -8,6 +8,10 @@ baseline entry; every `source: spec` requirement quoting the spec in `cite`, no 
 black-box-checkable MUST checked by a conformance case or listed in the black-box baseline, no stale entry there);
 that the OpenAPI error codes equal spec/tables/errors.yaml; and that CONFORMANCE.md and STATE_MACHINES.md are
 current. It prints one line of counts per area and exits 1 naming every problem.
+
+The gate imports no implementation and no harness: the core is an argument (``meshd spec check`` hands it
+``reference.core``), and the conformance case ids are read from ``conformance/case_ids.json``, which the harness
+writes (``meshconform list --write``; a test fails while it is stale).
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from jsonschema import Draft202012Validator
 from referencing import Registry
 
 import spec as spec_pkg
+from spec.decision import DecisionTable
+from spec.tools.implementation import Core
 
 TABLE_SCHEMAS = {
     "outbox": "tables/outbox",
@@ -37,6 +43,7 @@ TABLE_SCHEMAS = {
     "limits": "tables/limits",
 }
 CATALOGUE_SCHEMA = "tables/catalogue"
+CASE_IDS = Path("conformance") / "case_ids.json"
 TEST_ID = re.compile(r"^(?P<path>tests/[A-Za-z0-9_/]+\.py)::(?P<name>[A-Za-z0-9_]+)$")
 # `v0.9.0 §4.5.1`, `v3 §3.3`, `v0.9.0 §4.5b, §4.6.1`: a round of the upstream series and sections of it.
 CITE_REF = re.compile(r"^v(?:0\.9\.0|[1-9]|10) §\d+(?:\.\d+)*[a-z]?(?:, §\d+(?:\.\d+)*[a-z]?)*$")
@@ -109,10 +116,7 @@ def check_schemas(spec_dir: Path, report: Report) -> None:
     report.counts["schemas"] = f"{len(files)} JSON Schemas"
 
 
-def check_tables(spec_dir: Path, report: Report, requirement_ids: set[str]) -> None:
-    from reference.core.outbox import KNOWN_EFFECTS
-    from spec.decision import DecisionTable
-
+def check_tables(spec_dir: Path, report: Report, requirement_ids: set[str], known_effects: frozenset[str]) -> None:
     rows = 0
     combos = 0
     paths = sorted((spec_dir / "tables").glob("*.yaml"))
@@ -141,7 +145,7 @@ def check_tables(spec_dir: Path, report: Report, requirement_ids: set[str]) -> N
                     report.problems.append(f"{where}: row {row.id} names unknown requirement {req}")
             if name == "outbox":
                 for effect in row.then.get("effects", ()):
-                    if effect not in KNOWN_EFFECTS:
+                    if effect not in known_effects:
                         report.problems.append(f"{where}: row {row.id} names effect {effect!r} the core does not know")
     report.counts["tables"] = f"{len(paths)} tables, {rows} decision rows covering {combos} input combinations"
 
@@ -176,12 +180,18 @@ def test_exists(test_id: str, repo_root: Path, conformance_cases: Callable[[], s
     return path.is_file() and match["name"] in _test_names(path)
 
 
-def _conformance_cases() -> set[str]:
-    try:
-        from conformance.registry import case_ids
-    except ImportError:
+def _conformance_cases(repo_root: Path, report: Report) -> set[str]:
+    """The case ids in ``conformance/case_ids.json``; a missing or unreadable file is one problem and no cases."""
+    path = repo_root / CASE_IDS
+    if not path.is_file():
+        report.problems.append(f"{CASE_IDS.as_posix()}: missing (run `meshconform list --write`)")
         return set()
-    return set(case_ids())
+    try:
+        return set(spec_pkg.load_json(path)["cases"])
+    except (ValueError, KeyError, TypeError) as exc:
+        report.problems.append(f"{CASE_IDS.as_posix()}: not a list of case ids ({exc!r}); run `meshconform list "
+                               "--write`")
+        return set()
 
 
 def check_requirements(spec_dir: Path, repo_root: Path, report: Report) -> set[str]:
@@ -195,7 +205,7 @@ def check_requirements(spec_dir: Path, repo_root: Path, report: Report) -> set[s
     errata = set(re.findall(r"^## (E-\d{2})\b", (spec_dir / "ERRATA.md").read_text(encoding="utf-8"), re.M))
     baseline = load_baseline(spec_dir)
     blackbox_baseline = load_blackbox_baseline(spec_dir)
-    cases = functools.cache(_conformance_cases)
+    cases = functools.cache(lambda: _conformance_cases(repo_root, report))
     untested_musts = []
     awaiting_case = []
     linked = 0
@@ -304,13 +314,13 @@ def load_blackbox_baseline(spec_dir: Path) -> dict[str, str]:
     return {entry["id"]: entry.get("awaits", "") for entry in document.get("no_conformance_case", [])}
 
 
-def check_vectors(spec_dir: Path, report: Report) -> None:
+def check_vectors(spec_dir: Path, report: Report, core: Core) -> None:
     try:
         from spec.tools import vectors
     except ImportError:
         report.problems.append("spec/tools/vectors.py: missing")
         return
-    report.problems.extend(vectors.problems(spec_dir))
+    report.problems.extend(vectors.problems(core, spec_dir))
     counts = vectors.counts(spec_dir)
     report.counts["vectors"] = ", ".join(f"{n} {suite}" for suite, n in sorted(counts.items())) or "none"
 
@@ -327,29 +337,30 @@ def check_generated(spec_dir: Path, repo_root: Path, report: Report) -> None:
     report.problems.extend(diagrams.problems(spec_dir))
 
 
-def run(spec_dir: Path = spec_pkg.SPEC_DIR, repo_root: Path | None = None) -> Report:
-    """Run every check over ``spec_dir``; test ids resolve against ``repo_root`` (default: its parent)."""
+def run(core: Core, spec_dir: Path = spec_pkg.SPEC_DIR, repo_root: Path | None = None) -> Report:
+    """Run every check over ``spec_dir`` against ``core``; test ids resolve against ``repo_root`` (default: its
+    parent)."""
     spec_dir = spec_dir.resolve()
     repo_root = (repo_root or spec_dir.parent).resolve()
     report = Report()
     openapi = check_openapi(spec_dir, report)
     check_schemas(spec_dir, report)
     requirement_ids = check_requirements(spec_dir, repo_root, report)
-    check_tables(spec_dir, report, requirement_ids)
+    check_tables(spec_dir, report, requirement_ids, core.KNOWN_EFFECTS)
     check_error_codes(spec_dir, openapi, report)
-    check_vectors(spec_dir, report)
+    check_vectors(spec_dir, report, core)
     check_generated(spec_dir, repo_root, report)
     return report
 
 
-def cli(argv: list[str]) -> int:
+def cli(argv: list[str], core: Core) -> int:
     """`meshd spec check [--spec-dir DIR] [--repo-root DIR] [--json]`."""
     parser = argparse.ArgumentParser(prog="meshd spec check", description=__doc__.splitlines()[0])
     parser.add_argument("--spec-dir", type=Path, default=spec_pkg.SPEC_DIR)
     parser.add_argument("--repo-root", type=Path, default=None)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
-    report = run(args.spec_dir, args.repo_root)
+    report = run(core, args.spec_dir, args.repo_root)
     if args.json:
         print(json.dumps({"ok": report.ok, "counts": report.counts, "problems": report.problems}, indent=2))
         return 0 if report.ok else 1

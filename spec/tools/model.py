@@ -2,14 +2,15 @@
 
 Theory of operation. This is the Python twin of ``spec/model/Outbox.tla``: the same variables, the same actions,
 the same bounds, so that TLC and this explorer reach the same number of distinct states. The difference is where the
-decisions come from. The TLA+ module transcribes the three tables by hand; here every decision is made by the sans-IO
-core reading the tables it is given (``DecisionTable`` objects, the real ones from ``spec/tables`` by default):
+decisions come from. The TLA+ module transcribes the three tables by hand; here every decision is made by a sans-IO
+core (an argument, ``spec.tools.implementation.Core``: ``meshd spec model-check`` hands it ``reference.core``) reading
+the tables it is given (``DecisionTable`` objects, the real ones from ``spec/tables`` by default):
 
-* a client POST calls ``reference.core.ipc.decide_send`` (the §4.5.1 lookup table) and, when it says insert,
-  ``outbox.new_row`` and ``outbox.accepted``;
-* every outbox event (dispatch, an ack, a timeout, a lost link, max age, crash recovery, requeue) calls
-  ``reference.core.outbox.apply``; its IO effects ``send_frame`` and ``arm_ack_timer`` are performed by the model;
-* the broker's accept transaction calls ``reference.core.broker_accept.settle`` after learning each input in order
+* a client POST calls the core's ``decide_send`` (the §4.5.1 lookup table) and, when it says insert, ``new_row`` and
+  ``accepted``;
+* every outbox event (dispatch, an ack, a timeout, a lost link, max age, crash recovery, requeue) calls the core's
+  ``apply``; its IO effects ``send_frame`` and ``arm_ack_timer`` are performed by the model;
+* the broker's accept transaction calls the core's ``settle`` after learning each input in order
   (B1, canonical-form drift, whose dedupe row, fingerprint, B2, commit) and branches only on inputs the outcome still
   depends on. A ``commit`` applies the effects the row lists, all in one step; anything else changes nothing.
 
@@ -54,25 +55,17 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from reference.core import (
-    DecisionTable,
-    OutboxEvent,
-    OutboxPolicy,
-    OutboxRow,
-    TableError,
-    broker_accept,
-    ipc,
-    outbox,
-)
 from spec import SPEC_DIR
+from spec.decision import DecisionTable, TableError, decision_table
 from spec.tools.explore import Action, Invariant, Progress, Result, StepInvariant, explore, format_trace
+from spec.tools.implementation import Core
 
 MODEL_DIR = SPEC_DIR / "model"
 VARIANTS = ("A", "B")
 TERMINAL = frozenset({"done", "dead", "aborted"})
 FAULTS = frozenset({"BrokerCommitFail", "LoseMessage", "LinkDrop", "AckTimeoutEarly", "CrashRestart"})
 UNFAIR = frozenset({"Post", "Requeue", "MaxAge"})  # clients, the operator and the clock: no fairness in Outbox.tla
-POLICY = OutboxPolicy(retry_base_ms=500, retry_max_ms=30_000, jitter=0.0, max_age_hours=72)
+POLICY = {"retry_base_ms": 500, "retry_max_ms": 30_000, "jitter": 0.0, "max_age_hours": 72}  # the OutboxPolicy
 NOW = 0
 _FINGERPRINT = {variant: hashlib.sha256(variant.encode()).digest() for variant in VARIANTS}
 _VARIANT = {digest: variant for variant, digest in _FINGERPRINT.items()}
@@ -193,8 +186,10 @@ def _ack_event(http_status: str) -> str:
 class OutboxModel:
     """The model's actions and properties over the given tables."""
 
-    def __init__(self, params: ModelParams, ipc_table: DecisionTable, outbox_table: DecisionTable,
+    def __init__(self, core: Core, params: ModelParams, ipc_table: DecisionTable, outbox_table: DecisionTable,
                  broker_table: DecisionTable):
+        self.core = core
+        self.policy = core.OutboxPolicy(**POLICY)
         self.params = params
         self.ipc_table = ipc_table
         self.outbox_table = outbox_table
@@ -202,8 +197,8 @@ class OutboxModel:
         self.ids = params.ids
         self.position = {cmid: n for n, cmid in enumerate(self.ids)}
         self._applied: dict[tuple[Any, ...], tuple[str, str, tuple[str, ...], RowView | None, RowView | None]] = {}
-        self._decided: dict[tuple[Any, ...], ipc.IpcDecision] = {}
-        self._settled: dict[tuple[tuple[str, str], ...], broker_accept.Settled | None] = {}
+        self._decided: dict[tuple[Any, ...], Any] = {}  # the core's decisions and settled outcomes
+        self._settled: dict[tuple[tuple[str, str], ...], Any] = {}
         self._branches: dict[tuple[str | None, str], list[tuple[dict[str, str], Any]]] = {}
 
     # --- states -----------------------------------------------------------------------------------------------
@@ -235,13 +230,13 @@ class OutboxModel:
         return view is not None and view.attempts < self.params.max_attempts
 
     # --- the core, through the given tables ---------------------------------------------------------------------
-    def _outbox_row(self, cmid: str, view: RowView) -> OutboxRow:
-        return OutboxRow(id=cmid, client_message_id=cmid, request_fingerprint=_FINGERPRINT[view.variant],
-                         payload=view.variant.encode(), enqueued_at=NOW, next_attempt_at=NOW, status=view.status,
-                         attempts=view.attempts, superseded_by=view.successor or None,
-                         max_age_at=NOW + 72 * 3_600_000)
+    def _outbox_row(self, cmid: str, view: RowView) -> Any:
+        return self.core.OutboxRow(id=cmid, client_message_id=cmid, request_fingerprint=_FINGERPRINT[view.variant],
+                                   payload=view.variant.encode(), enqueued_at=NOW, next_attempt_at=NOW,
+                                   status=view.status, attempts=view.attempts, superseded_by=view.successor or None,
+                                   max_age_at=NOW + 72 * 3_600_000)
 
-    def _view(self, row: OutboxRow | None) -> RowView | None:
+    def _view(self, row: Any) -> RowView | None:
         if row is None or row.status == "none":
             return None
         return RowView(row.status, _VARIANT[row.request_fingerprint], min(row.attempts, self.params.max_attempts),
@@ -249,14 +244,14 @@ class OutboxModel:
 
     def _apply(self, cmid: str, view: RowView | None, event: str, successor: str = ""
                ) -> tuple[str, str, tuple[str, ...], RowView | None, RowView | None]:
-        """``outbox.apply``: (table row, outcome, IO effects, row after, successor row)."""
+        """The core's ``apply``: (table row, outcome, IO effects, row after, successor row)."""
         key = (view, event, successor)
         if key not in self._applied:
             existing = None if view is None else self._outbox_row(cmid, view)
-            result = outbox.apply(existing, OutboxEvent(
+            result = self.core.apply(existing, self.core.OutboxEvent(
                 event, now=NOW, broker_message_id="bm", history_id="h", error=event, jitter_unit=0.0,
                 successor_id=successor or None, successor_client_message_id=successor or None,
-            ), POLICY, self.outbox_table)
+            ), self.policy, self.outbox_table)
             self._applied[key] = (result.table_row, result.outcome, result.effects, self._view(result.after),
                                   self._view(result.successor))
         return self._applied[key]
@@ -276,17 +271,17 @@ class OutboxModel:
         label = table_row if outcome == "transition" else f"{table_row} {outcome}"
         return label, self._with_rows(state, changes, channel=channel, timers=frozenset(timers), **other)
 
-    def _decide(self, view: RowView | None, cmid: str, variant: str) -> ipc.IpcDecision:
+    def _decide(self, view: RowView | None, cmid: str, variant: str) -> Any:
         key = (view, variant)
         if key not in self._decided:
             existing = None if view is None else self._outbox_row(cmid, view)
-            self._decided[key] = ipc.decide_send(existing, _FINGERPRINT[variant], cmid, self.ipc_table)
+            self._decided[key] = self.core.decide_send(existing, _FINGERPRINT[variant], cmid, self.ipc_table)
         return self._decided[key]
 
-    def _settle(self, known: dict[str, str]) -> broker_accept.Settled | None:
+    def _settle(self, known: dict[str, str]) -> Any:
         key = tuple(known.items())
         if key not in self._settled:
-            self._settled[key] = broker_accept.settle(self.broker_table, **known)
+            self._settled[key] = self.core.settle(self.broker_table, **known)
         return self._settled[key]
 
     def _broker_branches(self, stored: str | None, variant: str) -> list[tuple[dict[str, str], Any]]:
@@ -324,8 +319,8 @@ class OutboxModel:
                 decision = self._decide(view, cmid, variant)
                 after = state
                 if decision.insert:
-                    row = outbox.new_row(cmid, cmid, _FINGERPRINT[variant], variant.encode(), NOW, POLICY)
-                    inserted = outbox.accepted(row, self.outbox_table)
+                    row = self.core.new_row(cmid, cmid, _FINGERPRINT[variant], variant.encode(), NOW, self.policy)
+                    inserted = self.core.accepted(row, self.outbox_table)
                     after = self._with_rows(state, {cmid: self._view(inserted.after)})
                 outcome = decision.body.get("conflict") or decision.body.get("status", "")
                 yield Step("Post", f"{cmid},{variant}", f"{decision.http_status} {outcome}", (decision.table_row,),
@@ -526,14 +521,15 @@ class OutboxModel:
 
 
 def build(
+    core: Core,
     params: ModelParams | None = None,
     ipc_table: DecisionTable | None = None,
     outbox_table: DecisionTable | None = None,
     broker_table: DecisionTable | None = None,
 ) -> OutboxModel:
-    """The model over the given tables (the real ones from spec/tables by default)."""
-    return OutboxModel(params or ModelParams(), ipc_table or ipc.table(), outbox_table or outbox.table(),
-                       broker_table or broker_accept.table())
+    """The model of ``core`` over the given tables (the real ones from spec/tables by default)."""
+    return OutboxModel(core, params or ModelParams(), ipc_table or decision_table("ipc_lookup"),
+                       outbox_table or decision_table("outbox"), broker_table or decision_table("broker_accept"))
 
 
 def explore_model(model: OutboxModel) -> Result:
@@ -543,13 +539,14 @@ def explore_model(model: OutboxModel) -> Result:
 
 
 def check(
+    core: Core,
     params: ModelParams | None = None,
     ipc_table: DecisionTable | None = None,
     outbox_table: DecisionTable | None = None,
     broker_table: DecisionTable | None = None,
 ) -> Result:
-    """Explore the model over the given tables (the real ones by default) and check every property."""
-    return explore_model(build(params, ipc_table, outbox_table, broker_table))
+    """Explore the model of ``core`` over the given tables (the real ones by default) and check every property."""
+    return explore_model(build(core, params, ipc_table, outbox_table, broker_table))
 
 
 # --- TLC -------------------------------------------------------------------------------------------------------
@@ -666,7 +663,7 @@ def compare_with_tlc(tlc: TlcResult, result: Result) -> tuple[int, list[str]]:
     return 0, [*lines, "verdicts agree"]
 
 
-def cli(argv: list[str]) -> int:
+def cli(argv: list[str], core: Core) -> int:
     """`meshd spec model-check [--quick|--full] [--keys N] [--max-attempts N] [--max-crashes N] [--tla2tools JAR]`."""
     parser = argparse.ArgumentParser(prog="meshd spec model-check",
                                      description="Explore the outbox + broker dedupe model built from spec/tables.")
@@ -690,7 +687,7 @@ def cli(argv: list[str]) -> int:
         parser.error("--keys and --max-attempts must be >= 1, --spare and --max-crashes >= 0")
     print(f"model:    keys={','.join(params.key_ids)} spare={','.join(params.spare_ids) or '-'} "
           f"variants={','.join(VARIANTS)} max_attempts={params.max_attempts} max_crashes={params.max_crashes}")
-    model = build(params)
+    model = build(core, params)
     print("tables:   " + ", ".join(f"{t.id} ({len(t.rows)} rows)"
                                    for t in (model.ipc_table, model.outbox_table, model.broker_table)))
     result = explore_model(model)

@@ -5,6 +5,8 @@ its own schema ``spec/schemas/vectors/<suite>.json`` (plus what a schema cannot 
 file's ``flags`` map). Then every vector is evaluated: the core computes the vector's ``input`` and each member of
 ``expected`` is compared with what the core produced. A vector carrying ``"skip": "<reason>"`` is a named known gap: it
 is reported as skipped with that reason, never as passed. Problems name the suite, the vector id and what differed.
+The core is an argument (``spec.tools.implementation.Core``: ``meshd spec vectors`` hands it ``reference.core``); the
+``jcs`` suite runs ``rfc8785``, the JCS library itself.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from referencing.exceptions import Unresolvable
 
 import spec as spec_pkg
 from spec import SPEC_DIR
+from spec.tools.implementation import Core
 
 SUITES = ("fingerprint", "jcs", "destination", "max_age", "features")
 PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
@@ -118,13 +121,11 @@ def schema_problems(name: str, document: Any, spec_dir: Path = SPEC_DIR) -> list
 # -- evaluation: each returns the core's answer in the vector's `expected` vocabulary
 
 
-def _fingerprint(vector: Mapping[str, Any]) -> dict[str, Any]:
-    from reference.core import RequestError, body_hash, canonical_preimage, meta_canonical, parse_send
-
+def _fingerprint(core: Core, vector: Mapping[str, Any]) -> dict[str, Any]:
     body: str = vector["input"]["body"]
     try:
-        request = parse_send(body.encode("utf-8"), vector["input"]["idempotency_key"])
-    except RequestError as exc:
+        request = core.parse_send(body.encode("utf-8"), vector["input"]["idempotency_key"])
+    except core.RequestError as exc:
         return {"valid": False, "error": exc.code}
     item = request.fingerprint_input()
     return {
@@ -134,45 +135,39 @@ def _fingerprint(vector: Mapping[str, Any]) -> dict[str, Any]:
         "destination_ref": request.destination_ref,
         "priority": request.priority,
         "reply_to_id": request.reply_to_id,
-        "meta_canonical": meta_canonical(item.meta).decode("utf-8"),
-        "body_hash": body_hash(item.body),
-        "canonical_hex": canonical_preimage(item).hex(),
+        "meta_canonical": core.meta_canonical(item.meta).decode("utf-8"),
+        "body_hash": core.body_hash(item.body),
+        "canonical_hex": core.canonical_preimage(item).hex(),
         "fingerprint": request.fingerprint().hex(),
     }
 
 
-def _jcs(vector: Mapping[str, Any]) -> dict[str, Any]:
+def _jcs(core: Core, vector: Mapping[str, Any]) -> dict[str, Any]:
     return {"canonical": rfc8785.dumps(json.loads(vector["input"]["json"])).decode("utf-8")}
 
 
-def _destination(vector: Mapping[str, Any]) -> dict[str, Any]:
-    from reference.core.destination import DestinationError, parse_destination
-
+def _destination(core: Core, vector: Mapping[str, Any]) -> dict[str, Any]:
     try:
-        destination = parse_destination(vector["input"]["to"])
-    except DestinationError:
+        destination = core.parse_destination(vector["input"]["to"])
+    except core.DestinationError:
         return {"valid": False, "error": "destination_unresolvable"}
     return {"valid": True, "destination_kind": destination.kind, "destination_ref": destination.ref}
 
 
-def _max_age(vector: Mapping[str, Any]) -> dict[str, Any]:
-    from reference.core.maxage import MaxAgeError, derive
-
+def _max_age(core: Core, vector: Mapping[str, Any]) -> dict[str, Any]:
     given = vector["input"]
     try:
-        result = derive(given["mode"], retention_days=given.get("dedupe_retention_days"),
+        result = core.derive(given["mode"], retention_days=given.get("dedupe_retention_days"),
                         config_default_hours=given.get("config_default_hours"),
                         override_hours=given.get("override_hours"))
-    except MaxAgeError as exc:
+    except core.MaxAgeError as exc:
         return {"error": exc.code}
     return {"hours": result.hours, "source": result.source}
 
 
-def _features(vector: Mapping[str, Any]) -> dict[str, Any]:
-    from reference.core.features import negotiate
-
+def _features(core: Core, vector: Mapping[str, Any]) -> dict[str, Any]:
     given = vector["input"]
-    outcome = negotiate(given["response"], given["require"], given["optional"])
+    outcome = core.negotiate(given["response"], given["require"], given["optional"])
     if outcome.failure is None:
         accepted = {bit: dict(params) for bit, params in outcome.accepted.items()}
         return {"ok": True, "accepted": accepted, "warnings_count": len(outcome.warnings)}
@@ -194,7 +189,7 @@ def _features(vector: Mapping[str, Any]) -> dict[str, Any]:
     return answer
 
 
-EVALUATORS: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
+EVALUATORS: dict[str, Callable[[Core, Mapping[str, Any]], dict[str, Any]]] = {
     "fingerprint": _fingerprint,
     "jcs": _jcs,
     "destination": _destination,
@@ -208,14 +203,14 @@ def _show(value: Any) -> str:
     return text if len(text) <= 200 else f"{text[:200]}… ({len(text)} characters)"
 
 
-def evaluate(name: str, vector: Mapping[str, Any]) -> list[str]:
+def evaluate(core: Core, name: str, vector: Mapping[str, Any]) -> list[str]:
     """Compare the core's answer with ``vector["expected"]``; an empty list means the vector passes.
 
     Every member of ``expected`` is compared; members the core produces beyond them are not. A crash of the core on
     a vector's input is itself a difference (bad input must be a 4xx or a refusal, never a 5xx).
     """
     try:
-        actual = EVALUATORS[name](vector)
+        actual = EVALUATORS[name](core, vector)
     except Exception as exc:  # any exception from the core is a finding about that vector, not a harness crash
         return [f"the core raised {type(exc).__name__}: {exc}"]
     expected = vector["expected"]
@@ -231,7 +226,7 @@ def evaluate(name: str, vector: Mapping[str, Any]) -> list[str]:
     return differences
 
 
-def results(name: str, spec_dir: Path = SPEC_DIR) -> tuple[list[str], list[Outcome]]:
+def results(core: Core, name: str, spec_dir: Path = SPEC_DIR) -> tuple[list[str], list[Outcome]]:
     """Schema problems of one suite and the outcome of each of its vectors (none if the file is invalid)."""
     where = f"vectors/{name}.json"
     try:
@@ -245,7 +240,7 @@ def results(name: str, spec_dir: Path = SPEC_DIR) -> tuple[list[str], list[Outco
         return found, []
     outcomes = []
     for vector in document["vectors"]:
-        differences = evaluate(name, vector)
+        differences = evaluate(core, name, vector)
         if "skip" in vector:
             note = "" if differences else " (it now passes: the skip may be removed)"
             outcomes.append(Outcome(name, vector["id"], SKIPPED, vector["skip"] + note))
@@ -256,17 +251,17 @@ def results(name: str, spec_dir: Path = SPEC_DIR) -> tuple[list[str], list[Outco
     return [], outcomes
 
 
-def run_suite(name: str, spec_dir: Path = SPEC_DIR) -> list[str]:
+def run_suite(core: Core, name: str, spec_dir: Path = SPEC_DIR) -> list[str]:
     """Every problem of one suite: schema errors, then each failed vector as ``<suite> <id>: <what differed>``."""
-    found, outcomes = results(name, spec_dir)
+    found, outcomes = results(core, name, spec_dir)
     return found + [f"{o.suite} {o.id}: {o.detail}" for o in outcomes if o.status == FAILED]
 
 
-def run_all(spec_dir: Path = SPEC_DIR) -> dict[str, SuiteResult]:
+def run_all(core: Core, spec_dir: Path = SPEC_DIR) -> dict[str, SuiteResult]:
     """Run every suite; the result maps each suite to its counts, problems and skips."""
     report = {}
     for name in SUITES:
-        found, outcomes = results(name, spec_dir)
+        found, outcomes = results(core, name, spec_dir)
         found += [f"{o.suite} {o.id}: {o.detail}" for o in outcomes if o.status == FAILED]
         report[name] = SuiteResult(
             suite=name,
@@ -279,9 +274,9 @@ def run_all(spec_dir: Path = SPEC_DIR) -> dict[str, SuiteResult]:
     return report
 
 
-def problems(spec_dir: Path = SPEC_DIR) -> list[str]:
+def problems(core: Core, spec_dir: Path = SPEC_DIR) -> list[str]:
     """Every problem of every suite (what `meshd spec check` reports)."""
-    return [problem for result in run_all(spec_dir).values() for problem in result.problems]
+    return [problem for result in run_all(core, spec_dir).values() for problem in result.problems]
 
 
 def counts(spec_dir: Path = SPEC_DIR) -> dict[str, int]:
@@ -296,14 +291,14 @@ def counts(spec_dir: Path = SPEC_DIR) -> dict[str, int]:
     return total
 
 
-def cli(argv: list[str]) -> int:
+def cli(argv: list[str], core: Core) -> int:
     """`meshd spec vectors [--spec-dir DIR] [--suite NAME]...`: a pass count per suite; exit 1 on any problem."""
     parser = argparse.ArgumentParser(prog="meshd spec vectors", description=__doc__.splitlines()[0])
     parser.add_argument("--spec-dir", type=Path, default=SPEC_DIR)
     parser.add_argument("--suite", action="append", choices=SUITES, help="run only this suite (repeatable)")
     args = parser.parse_args(argv)
     chosen = args.suite or list(SUITES)
-    report = {name: result for name, result in run_all(args.spec_dir).items() if name in chosen}
+    report = {name: result for name, result in run_all(core, args.spec_dir).items() if name in chosen}
     for name, result in report.items():
         print(f"{name:<12} {result.passed} passed, {result.skipped} skipped, {result.failed} failed")
         for skip in result.skips:

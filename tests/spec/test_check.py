@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 import spec as spec_pkg
+from reference import core
 from reference.cli import main as meshd
 from spec.tools import check
 
@@ -23,13 +24,14 @@ def tree(tmp_path) -> Path:
     shutil.copytree(spec_pkg.SPEC_DIR, root / "spec", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPO / "CONFORMANCE.md", root / "CONFORMANCE.md")
     (root / "conformance").mkdir()
-    shutil.copy(REPO / "conformance" / "reference-results.json", root / "conformance" / "reference-results.json")
+    for name in ("reference-results.json", "case_ids.json"):
+        shutil.copy(REPO / "conformance" / name, root / "conformance" / name)
     shutil.copytree(REPO / "tests", root / "tests", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     return root / "spec"
 
 
 def run(spec_dir: Path) -> check.Report:
-    return check.run(spec_dir, spec_dir.parent)
+    return check.run(core, spec_dir, spec_dir.parent)
 
 
 def edit_yaml(path: Path, change) -> None:
@@ -132,6 +134,32 @@ def test_stale_baseline_entry_is_named(tree):
     document.setdefault("untested", []).append({"id": "FP-EMPTY-META", "awaits": "nothing"})
     path.write_text(yaml.safe_dump(document))
     assert any("FP-EMPTY-META now has a test" in p for p in run(tree).problems)
+
+
+def test_an_effect_the_given_core_does_not_know_is_named(tree):
+    class WithoutSendFrame:
+        KNOWN_EFFECTS = core.KNOWN_EFFECTS - {"send_frame"}
+
+        def __getattr__(self, name):
+            return getattr(core, name)
+
+    sending = [row["id"] for row in spec_pkg.load_table("outbox")["rows"]
+               if "send_frame" in row["then"].get("effects", ())]
+    assert sending == ["OB-PENDING-DISPATCH"]
+    problems = check.run(WithoutSendFrame(), tree, tree.parent).problems
+    assert [p for p in problems if p.startswith("tables/")] == [
+        "tables/outbox.yaml: row OB-PENDING-DISPATCH names effect 'send_frame' the core does not know"]
+
+
+def test_conformance_case_ids_come_from_the_file_the_harness_writes(tree):
+    path = tree.parent / "conformance" / "case_ids.json"
+    document = json.loads(path.read_text())
+    document["cases"].remove("limits.inflight")
+    path.write_text(json.dumps(document))
+    problems = run(tree).problems
+    assert "requirements.yaml: LIMIT-INFLIGHT: test conformance::limits.inflight does not exist" in problems
+    path.unlink()
+    assert "conformance/case_ids.json: missing (run `meshconform list --write`)" in run(tree).problems
 
 
 def test_stale_conformance_doc_is_named(tree):

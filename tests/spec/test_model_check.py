@@ -10,8 +10,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from reference.core import DecisionTable
+from reference import core
 from spec import load_table
+from spec.decision import DecisionTable
 from spec.tools import explore as ex
 from spec.tools import model as mc
 
@@ -42,7 +43,7 @@ def only(result: ex.Result, name: str) -> ex.Violation:
 # --- the real tables ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("params", [mc.ModelParams(), mc.ModelParams(keys=2, spare=0)], ids=["default", "two-keys"])
 def test_real_tables_have_no_violations(params):
-    result = mc.check(params)
+    result = mc.check(core, params)
     assert result.violations == []
     assert result.ok and result.complete
     assert result.states > 1000
@@ -50,15 +51,15 @@ def test_real_tables_have_no_violations(params):
 
 
 def test_the_real_tables_are_the_default():
-    assert mc.check(QUICK).states == mc.check(QUICK, mc.ipc.table(), mc.outbox.table(),
-                                               mc.broker_accept.table()).states
+    assert mc.check(core, QUICK).states == mc.check(core, QUICK, core.ipc.table(), core.outbox.table(),
+                                                     core.broker_accept.table()).states
 
 
 # --- (a) the IPC lookup table --------------------------------------------------------------------------------------
 def test_pending_mismatch_accepted_breaks_fingerprint_frozen():
     ipc_table = broken("ipc_lookup", "IPC-PENDING-MISMATCH", http_status=202, status="queued", duplicate=False,
                        mutation="insert_pending")
-    result = mc.check(QUICK, ipc_table=ipc_table)
+    result = mc.check(core, QUICK, ipc_table=ipc_table)
     violation = only(result, "FingerprintFrozen")
     assert violation.kind == "step"
     assert labels(violation) == ["Init", "Post(k1,A) -> 202 queued [IPC-NEW]",
@@ -68,7 +69,7 @@ def test_pending_mismatch_accepted_breaks_fingerprint_frozen():
 
 def test_done_mismatch_that_overwrites_breaks_conflict_never_mutates():
     ipc_table = broken("ipc_lookup", "IPC-DONE-MISMATCH", mutation="insert_pending")
-    result = mc.check(QUICK, ipc_table=ipc_table)
+    result = mc.check(core, QUICK, ipc_table=ipc_table)
     assert {"ConflictNeverMutates", "FingerprintFrozen"} <= result.names()
     violation = only(result, "ConflictNeverMutates")
     assert labels(violation)[-1] == "Post(k1,B) -> 409 outbox_done_fingerprint_mismatch [IPC-DONE-MISMATCH]"
@@ -80,7 +81,7 @@ def test_done_mismatch_that_overwrites_breaks_conflict_never_mutates():
 def test_duplicate_that_commits_breaks_at_most_one_broker_message():
     broker_table = broken("broker_accept", "BRK-DUP-MATCH", http_status=201, transaction="commit",
                           effects=["dedupe", "message", "history", "delivery"])
-    result = mc.check(QUICK, broker_table=broker_table)
+    result = mc.check(core, QUICK, broker_table=broker_table)
     violation = only(result, "AtMostOneBrokerMessage")
     assert violation.kind == "state"
     assert "[BRK-DUP-MATCH]" in labels(violation)[-1]
@@ -91,7 +92,7 @@ def test_duplicate_that_commits_breaks_at_most_one_broker_message():
 
 def test_accept_without_history_breaks_all_or_nothing():
     broker_table = broken("broker_accept", "BRK-ACCEPT", effects=["dedupe", "message", "delivery"])
-    result = mc.check(QUICK, broker_table=broker_table)
+    result = mc.check(core, QUICK, broker_table=broker_table)
     violation = only(result, "AllOrNothing")
     assert labels(violation) == [
         "Init",
@@ -106,7 +107,7 @@ def test_accept_without_history_breaks_all_or_nothing():
 # --- (d), (e) the outbox table: progress -------------------------------------------------------------------------
 def test_inflight_never_recovered_breaks_termination():
     outbox_table = broken("outbox", "OB-INFLIGHT-RECOVER", outcome="ignore")
-    result = mc.check(QUICK, outbox_table=outbox_table)
+    result = mc.check(core, QUICK, outbox_table=outbox_table)
     assert result.complete  # the safety properties hold; progress is what fails
     violation = only(result, "Termination")
     assert violation.kind == "dead-end"
@@ -118,7 +119,7 @@ def test_inflight_never_recovered_breaks_termination():
 def test_inflight_conflict_back_to_pending_breaks_termination():
     outbox_table = broken("outbox", "OB-INFLIGHT-CONFLICT", to="pending",
                           effects=["set_last_error", "schedule_backoff"])
-    result = mc.check(QUICK, outbox_table=outbox_table)
+    result = mc.check(core, QUICK, outbox_table=outbox_table)
     violation = only(result, "Termination")
     assert violation.kind == "cycle"
     assert violation.loop_start is not None
@@ -131,7 +132,7 @@ def test_inflight_conflict_back_to_pending_breaks_termination():
 def test_table_with_a_hole_is_an_error_with_a_trace():
     document = copy.deepcopy(load_table("outbox"))
     document["rows"] = [row for row in document["rows"] if row["id"] != "OB-PENDING-DISPATCH"]
-    result = mc.check(QUICK, outbox_table=DecisionTable(document))
+    result = mc.check(core, QUICK, outbox_table=DecisionTable(document))
     violation = only(result, "DispatchError")
     assert "'dispatch'" in violation.message and "'pending'" in violation.message
     assert labels(violation)[-1] == "Post(k1,A) -> 202 queued [IPC-NEW]"
@@ -139,7 +140,7 @@ def test_table_with_a_hole_is_an_error_with_a_trace():
 
 def test_report_prints_numbered_trace():
     broker_table = broken("broker_accept", "BRK-ACCEPT", effects=["dedupe", "message", "delivery"])
-    model = mc.build(QUICK, broker_table=broker_table)
+    model = mc.build(core, QUICK, broker_table=broker_table)
     lines = mc.format_report(mc.explore_model(model), model)
     text = "\n".join(lines)
     assert "VIOLATION AllOrNothing (state)" in text
@@ -148,7 +149,7 @@ def test_report_prints_numbered_trace():
 
 
 def test_cli_prints_counts_and_no_violations(capsys):
-    assert mc.cli(["--quick", "--max-crashes", "0"]) == 0
+    assert mc.cli(["--quick", "--max-crashes", "0"], core) == 0
     out = capsys.readouterr().out
     assert "keys=k1 spare=s1" in out and "max_crashes=0" in out
     assert re.search(r"explored: \d+ distinct states, \d+ edges", out)
@@ -156,7 +157,7 @@ def test_cli_prints_counts_and_no_violations(capsys):
 
 
 def test_state_bound_is_a_failure():
-    result = mc.check(mc.ModelParams(keys=1, spare=1, max_states=100))
+    result = mc.check(core, mc.ModelParams(keys=1, spare=1, max_states=100))
     assert not result.ok and not result.complete
     assert result.names() == {ex.STATE_BOUND}
 
@@ -382,7 +383,7 @@ def test_parse_tlc_output(output, verdict, distinct, violated):
 
 
 def test_compare_with_tlc():
-    ours = mc.check(QUICK)
+    ours = mc.check(core, QUICK)
     status, lines = mc.compare_with_tlc(mc.parse_tlc_output(TLC_TEMPORAL), ours)
     assert status == 1 and "VERDICTS DISAGREE" in lines
     status, lines = mc.compare_with_tlc(mc.parse_tlc_output(TLC_OK), ours)
@@ -393,7 +394,7 @@ def test_compare_with_tlc():
 
 
 def test_cli_fails_when_tlc_cannot_run(tmp_path, capsys):
-    assert mc.cli(["--quick", "--max-crashes", "0", "--tla2tools", str(tmp_path / "missing.jar")]) == 2
+    assert mc.cli(["--quick", "--max-crashes", "0", "--tla2tools", str(tmp_path / "missing.jar")], core) == 2
     assert "TLC:      verdict error" in capsys.readouterr().out
 
 
@@ -405,7 +406,7 @@ def test_checked_in_cfg_is_the_default_params():
 def test_tla_defines_every_action_and_property_the_python_model_has():
     text = (mc.MODEL_DIR / "Outbox.tla").read_text(encoding="utf-8")
     defined = set(re.findall(r"^([A-Za-z]\w*)(?:\([^)]*\))? ==", text, re.M))
-    model = mc.build(QUICK)
+    model = mc.build(core, QUICK)
     names = {action.name for action in model.actions()}
     names |= {*mc.STATE_INVARIANTS, *mc.STEP_INVARIANTS, *mc.LIVENESS, "TypeOK", "Spec", "Init", "Next"}
     assert names <= defined, names - defined

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from reference import core
 from spec import SPEC_DIR
 from spec.tools import vectors
 
@@ -22,7 +23,7 @@ def _params(suite: str) -> list[Any]:
 
 
 def _check(suite: str, vector: dict[str, Any]) -> None:
-    differences = vectors.evaluate(suite, vector)
+    differences = vectors.evaluate(core, suite, vector)
     assert not differences, f"{suite} {vector['id']} ({vector['description']}): " + "; ".join(differences)
 
 
@@ -76,13 +77,13 @@ def test_third_party_jcs_vectors_name_their_source():
 
 
 def test_run_all_reports_no_problems():
-    report = vectors.run_all()
+    report = vectors.run_all(core)
     assert {name: list(result.problems) for name, result in report.items() if result.problems} == {}
     for result in report.values():
         assert result.failed == 0
         assert all(skip.detail for skip in result.skips), "every skip names its reason"
-    assert vectors.problems() == []
-    assert vectors.cli([]) == 0
+    assert vectors.problems(core) == []
+    assert vectors.cli([], core) == 0
 
 
 @pytest.fixture
@@ -114,11 +115,11 @@ def test_a_mutated_fingerprint_is_reported_by_id(spec_copy, capsys):
         mutated.update(vector)
 
     _edit(spec_copy, "fingerprint", flip)
-    found = vectors.run_suite("fingerprint", spec_copy)
+    found = vectors.run_suite(core, "fingerprint", spec_copy)
     assert len(found) == 1
     assert found[0].startswith(f"fingerprint {mutated['id']}: fingerprint: expected ")
-    assert vectors.run_all(spec_copy)["fingerprint"].failed == 1
-    assert vectors.cli(["--spec-dir", str(spec_copy)]) == 1
+    assert vectors.run_all(core, spec_copy)["fingerprint"].failed == 1
+    assert vectors.cli(["--spec-dir", str(spec_copy)], core) == 1
     assert f"PROBLEM fingerprint {mutated['id']}" in capsys.readouterr().out
 
 
@@ -132,10 +133,10 @@ def test_a_skip_is_reported_as_skipped_never_passed(spec_copy):
         chosen.update(vector)
 
     _edit(spec_copy, "fingerprint", skip_and_break)
-    result = vectors.run_all(spec_copy)["fingerprint"]
+    result = vectors.run_all(core, spec_copy)["fingerprint"]
     assert result.problems == ()
     assert [skip.id for skip in result.skips if skip.detail.startswith("a named known gap")] == [chosen["id"]]
-    _, outcomes = vectors.results("fingerprint", spec_copy)
+    _, outcomes = vectors.results(core, "fingerprint", spec_copy)
     assert {o.status for o in outcomes if o.id == chosen["id"]} == {vectors.SKIPPED}
 
 
@@ -145,18 +146,18 @@ def test_schema_violations_duplicate_ids_and_undeclared_flags_are_problems(spec_
         document["vectors"][1]["flags"] = [*document["vectors"][1]["flags"], "never-declared"]
 
     _edit(spec_copy, "destination", corrupt)
-    found = vectors.run_suite("destination", spec_copy)
+    found = vectors.run_suite(core, "destination", spec_copy)
     assert any("dest-001: duplicate vector id" in p for p in found)
     assert any("flag 'never-declared' is not declared" in p for p in found)
 
     _edit(spec_copy, "max_age", lambda document: document["vectors"][0].pop("expected"))
-    found = vectors.run_suite("max_age", spec_copy)
+    found = vectors.run_suite(core, "max_age", spec_copy)
     assert found and all(p.startswith("vectors/max_age.json: vectors/0") for p in found)
 
 
 def test_a_missing_suite_file_is_a_problem(spec_copy):
     (spec_copy / "vectors" / "features.json").unlink()
-    assert vectors.run_suite("features", spec_copy) == ["vectors/features.json: missing"]
+    assert vectors.run_suite(core, "features", spec_copy) == ["vectors/features.json: missing"]
     assert vectors.counts(spec_copy)["features"] == 0
 
 
@@ -165,5 +166,5 @@ def test_an_unresolvable_schema_ref_is_a_problem_not_a_crash(spec_copy):
     document = json.loads(path.read_text(encoding="utf-8"))
     document["$id"] = "https://example.invalid/defs.json"
     path.write_text(json.dumps(document), encoding="utf-8")
-    found = vectors.run_suite("fingerprint", spec_copy)
+    found = vectors.run_suite(core, "fingerprint", spec_copy)
     assert len(found) == 1 and "unresolvable $ref" in found[0]
