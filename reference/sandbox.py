@@ -90,6 +90,7 @@ class Sandbox:
         """Start the broker, wait for its port, start the daemon, wait until its broker link is up."""
         # broker.db holds every message body and the logs name members: the directory is private (0700), like the
         # daemon's state directory, and so is every file in it (0600).
+        # req: LIFE-PRIVATE-FILES
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(self.directory, 0o700)
         self.state_dir.mkdir(mode=0o700, exist_ok=True)
@@ -159,6 +160,7 @@ class Sandbox:
 
 def private_log(path: Path) -> Any:
     """``path`` opened for appending, created 0600 (and made 0600 if it was not)."""
+    # req: LIFE-PRIVATE-FILES -- the sandbox logs
     handle = os.fdopen(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")
     os.fchmod(handle.fileno(), 0o600)
     return handle

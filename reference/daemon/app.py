@@ -34,6 +34,7 @@ from .store import AcceptItem
 IPC_FEATURES = ["version", "health", "send", "inbox", "events", "peers", "profile", "outbox", "outbox_requeue",
                 "metrics", "compat"]
 SCHEMA_VERSION = 1
+# req: LIMIT-BODY-ROUTES -- 16 KiB for profile, 4 KiB for requeue
 PROFILE_LIMIT = int(limit("ipc_profile_body_bytes"))
 REQUEUE_LIMIT = int(limit("ipc_requeue_body_bytes"))
 OUTBOX_STATUSES = ("pending", "inflight", "done", "dead", "aborted")
@@ -55,6 +56,7 @@ class DaemonContext:
     metrics: ports.Metrics
     member_pubkey: str
     clock: Callable[[], float] = time.time
+    # req: IPC-ID-MINTED-FORM -- a bare 26-character ULID
     mint_id: Callable[[], str] = field(default=lambda: str(ULID()))
     parse_send: Callable[[bytes, str | None], SendRequest] = parse_send  # phase A of POST /v1/send
     started_at: float = field(default_factory=time.time)
@@ -69,6 +71,7 @@ def _iso(ms: int | None) -> str | None:
 
 def _read_body(req: falcon.Request, limit: int) -> bytes:
     length = req.content_length
+    # req: LIMIT-BODY, LIMIT-BODY-ROUTES -- 413 payload_too_large
     if length is not None and length > limit:
         raise Problem("payload_too_large", f"the body is {length} bytes; the limit is {limit}")
     data = body_stream(req).read(limit + 1)
@@ -78,6 +81,7 @@ def _read_body(req: falcon.Request, limit: int) -> bytes:
 
 
 def _require_json(req: falcon.Request) -> None:
+    # req: IPC-MEDIA-TYPE
     content_type = (req.content_type or "").split(";", 1)[0].strip().lower()
     if not content_type:
         raise Problem("unsupported_media_type", "the request has no Content-Type; send application/json (E-29)")
@@ -124,6 +128,7 @@ class Version:
     def on_get(self, req, resp):
         negotiated = self.ctx.link.state.negotiated
         _send_json(resp, 200, {
+            # req: API-VERSION
             "daemon_version": SPEC_VERSION, "ipc_api": "v1", "ipc_features": IPC_FEATURES,
             "schema_version": SCHEMA_VERSION, "broker_features_negotiated": sorted(negotiated),
             "broker_feature_params": {bit: dict(params) for bit, params in sorted(negotiated.items())},
@@ -140,6 +145,7 @@ class Health:
         connected = state.status == "open"
         lag_ms = None if oldest is None else max(0, int(self.ctx.clock() * 1000) - oldest)
         _send_json(resp, 200, {
+            # req: API-HEALTH, LINK-RESTART, INB-QUARANTINE -- link_restarts, link_last_failure and quarantined too
             "ok": connected and not self.ctx.draining.is_set(), "connected": connected, "lag_ms": lag_ms,
             "queue_depth": counts.get("pending", 0), "inflight": counts.get("inflight", 0),
             "mesh": self.ctx.config["daemon"]["mesh"], "member_pubkey": self.ctx.member_pubkey,
@@ -179,19 +185,23 @@ class Send:
         limit = int(self.ctx.config["ipc"]["max_body_bytes"])
         length = req.content_length
         # The hot path: a declared length within the limit is read in one call (the body cannot run past it).
+        # req: LIMIT-BODY-ROUTES -- 1 MiB for send (ipc.max_body_bytes)
         raw = req.bounded_stream.read(length) if length is not None and length <= limit else _read_body(req, limit)
         try:
+            # req: IPC-VALIDATION-CONSUMES-NOTHING -- a phase-A refusal answers before the committer sees it
             request = self.ctx.parse_send(raw, req.get_header("Idempotency-Key"))
         except RequestError as exc:
             raise Problem(exc.code, exc.detail,
                           invalid_params=[{"name": n, "reason": r} for n, r in exc.invalid_params] or None) from exc
         _check_carriable(request, self.ctx.link)
+        # req: IPC-ID-MINTED-ULID, IPC-STABLE-ID
         cmid = request.client_message_id or self.ctx.mint_id()
         # The fingerprint and payload are computed here, in parallel, not on the one committer thread.
         item = AcceptItem.of(request, cmid, self.ctx.mint_id(), int(self.ctx.clock() * 1000))
         decision, _ = self.ctx.committer.submit(item)
         if decision.is_conflict:
             extensions = {k: v for k, v in decision.body.items() if k != "error"}
+            # req: IPC-CONFLICT-BODY
             raise Problem("idempotency_key_reused", f"{cmid} is bound to another request or state "
                           f"({decision.body['conflict']})", **extensions)
         if decision.insert:
@@ -204,6 +214,7 @@ def _check_carriable(request: SendRequest, link: ports.Link) -> None:
     would not fit in one frame), or a message past the negotiated max_payload.inline_bytes (the broker would refuse
     it in B1). Unknown until the first negotiation: the broker's own B1 check then decides."""
     payload = len(request.payload())
+    # req: LIMIT-CARRIABLE
     ceiling = int(limit("send_payload_max_bytes"))
     if payload > ceiling:
         raise Problem("payload_too_large", f"the send's stored payload is {payload} bytes; one link frame carries at "
@@ -212,6 +223,7 @@ def _check_carriable(request: SendRequest, link: ports.Link) -> None:
     inline = (negotiated.get("max_payload") or {}).get("inline_bytes")
     if isinstance(inline, int) and len(request.message) > inline // 4:  # 4 bytes per character at most in UTF-8
         size = len(request.message.encode("utf-8"))
+        # req: LIMIT-CARRIABLE
         if size > inline:
             raise Problem("payload_too_large", f"the message is {size} bytes; the broker carries at most {inline} "
                           "(max_payload.inline_bytes)")
@@ -231,8 +243,10 @@ class Inbox:
         topic = req.get_param("topic")
         if topic is not None and not TOPIC_NAME.fullmatch(topic):
             raise Problem("invalid_parameter", f"topic must match {TOPIC_NAME.pattern}")
+        # req: INBOX-CURSOR -- a cursor the store did not produce is 400 invalid_cursor
         cursor = _cursor_param(req)
         try:
+            # req: INBOX-FILTERS
             rows, _ = self.ctx.inbox.page(cursor=cursor, since_ms=since_ms, topic=topic, sender=sender, limit=limit)
         except ValueError as exc:
             raise Problem("invalid_cursor", str(exc)) from exc
@@ -287,6 +301,7 @@ class Events:
         self.guard = guard
 
     def on_get(self, req, resp):
+        # req: SSE-REPLAY
         raw = req.get_header("Last-Event-ID") or req.get_param("last_event_id")
         last: int | None = None
         if raw is not None:
@@ -310,6 +325,7 @@ class Peers:
 
     def on_get(self, req, resp):
         try:
+            # req: API-PEERS, API-PEERS-PASSTHROUGH -- the broker's peers_list as it came
             peers = self.ctx.link.request_peers(float(self.ctx.config["broker"]["request_timeout_s"]))
         except BrokerUnavailable as exc:
             raise Problem("broker_unavailable", str(exc)) from exc
@@ -328,9 +344,11 @@ class Profile:
         body = _json_object(_read_body(req, PROFILE_LIMIT))
         frames = profile_frames(body)
         try:
+            # req: API-PROFILE, API-PROFILE-FIELDS
             self.ctx.link.send_frames(frames)
         except BrokerUnavailable as exc:
             raise Problem("broker_unavailable", str(exc)) from exc
+        # req: API-PROFILE-FIELDS -- what it applied, in request order
         _send_json(resp, 200, {"ok": True, "applied": list(body)})
 
 
@@ -389,6 +407,7 @@ class Outbox:
             raise Problem("invalid_parameter", f"status must be one of {', '.join(OUTBOX_STATUSES)}")
         limit = _int_param(req, "limit", 50, 1, 500)
         try:
+            # req: API-OUTBOX
             rows, next_cursor = self.ctx.outbox.list(status=status, limit=limit, cursor=_cursor_param(req))
         except ValueError as exc:
             raise Problem("invalid_cursor", str(exc)) from exc
@@ -410,6 +429,7 @@ class Requeue:
         if not isinstance(body.get("id"), str) or not ULID_TEXT.fullmatch(body["id"]):
             raise Problem("invalid_request", "id must be an outbox row id (a ULID)",
                           invalid_params=[{"name": "id", "reason": "ULID"}])
+        # req: API-OUTBOX -- §4.5.3 (runtime.requeue)
         _send_json(resp, 200, self.requeue(body["id"], body.get("new_client_message_id"), "operator"))
 
 
@@ -434,10 +454,12 @@ class AccessLog:
 def create_app(ctx: DaemonContext, requeue: Callable[..., dict[str, Any]]) -> falcon.App:
     """The IPC app: routes, the guard, the access counter and the single error serialiser."""
     guard = Guard(ctx.token, int(ctx.config["ipc"]["max_inflight"]))
+    # req: AUTH-ORIGIN -- Access-Control-Allow-Origin is never sent
     app = falcon.App(middleware=[AccessLog(ctx.metrics), guard, BodyDrain()], cors_enable=False)
     app.req_options.auto_parse_qs_csv = False
     app.req_options.strip_url_path_trailing_slash = False
     problems.install(app)
+    # req: API-CONFORMS -- the routes of spec/openapi.yaml; every error is a problem (problems.install)
     app.add_route("/v1/version", Version(ctx))
     app.add_route("/v1/health", Health(ctx))
     app.add_route("/v1/compat", Compat())

@@ -91,6 +91,7 @@ def cmd_up(args: argparse.Namespace, components: Components | None = None) -> in
             return 2
         return _detach(args, state_dir)
     logs.configure(config["daemon"]["log_level"])
+    # req: LIFE-EXIT-CODES, LIFE-STATE-REFUSED -- a refusal is its exit code and one line, never a traceback
     try:
         for note in preflight(state_dir, config, components):
             logging.getLogger("meshd").info("%s", note)

@@ -37,9 +37,11 @@ KEYS: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
     },
     "ipc": {
         "tcp_enabled": (True, bool, "also listen on TCP (bearer token required)"),
+        # req: AUTH-LOOPBACK
         "http_bind": ("127.0.0.1", str, "TCP bind address; non-loopback needs allow_non_loopback = true"),
         "http_port": (0, int, "TCP port; 0 picks a free one and writes it to http.port"),
         "allow_non_loopback": (False, bool, "permit a non-loopback http_bind (not recommended)"),
+        # req: LIMIT-TABLE, LIMIT-BODY-ROUTES -- defaults come from limits.yaml
         "max_body_bytes": (limit("ipc_send_body_bytes"), int, "POST /v1/send body limit (413 above)"),
         "max_inflight": (limit("ipc_inflight_per_transport"), int,
                          "requests in flight on one transport before 429 daemon_busy"),
@@ -72,6 +74,7 @@ KEYS: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
         "event_retention": (100_000, int, "events kept for Last-Event-ID replay"),
     },
     "reconnect": {
+        # req: WS-RECONNECT-SCHEDULE -- the §13 defaults
         "initial_ms": (500, int, "first reconnect delay"),
         "max_ms": (30_000, int, "reconnect delay cap"),
         "multiplier": (2.0, (int, float), "backoff multiplier"),
@@ -146,6 +149,7 @@ def _validate(values: dict[str, dict[str, Any]]) -> None:
     ipc = values["ipc"]
     if ipc["threads"] <= ipc["max_inflight"] + ipc["max_streams"]:
         raise ConfigError("ipc.threads must exceed ipc.max_inflight + ipc.max_streams")
+    # req: IPC-DURABLE-BEFORE-RESPONSE -- no mode that commits without an fsync
     if values["outbox"]["synchronous"] not in ("FULL", "EXTRA"):
         raise ConfigError("outbox.synchronous must be FULL or EXTRA (a 202 follows an fsync of its row)")
     if values["daemon"]["log_level"] not in ("DEBUG", "INFO", "WARNING", "ERROR"):
@@ -172,6 +176,7 @@ def markdown_table() -> str:
             source = configured.get(f"{section}.{key}")
             note = f" (limits.yaml `{source}`)" if source else ""
             lines.append(f"| `{section}.{key}` | `{default!r}` | {text}{note} |")
+    # req: LIMIT-TABLE -- the README documents every limit
     for name, entry in table.items():
         if "config" in entry:
             continue

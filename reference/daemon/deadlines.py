@@ -70,6 +70,7 @@ class DeadlineSocket:
     def _wait(self) -> None:
         if self._deadline is None:  # disarmed by a caller that set its own timeout (settimeout): keep it
             return
+        # req: IPC-HEAD-DEADLINE, IPC-BODY-DEADLINE -- one absolute deadline holds while a read blocks
         remaining = self._deadline - time.monotonic()
         if remaining <= 0:
             raise ReadTimeout(self._phase, self._budget)

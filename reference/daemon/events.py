@@ -70,10 +70,12 @@ class EventBus:
             streams = self._open.setdefault(transport, {})
             if len(streams) >= self.max_streams:
                 for other, probe in list(streams.items()):
+                    # req: SSE-SLOT-RECLAIM -- a full transport first frees the slots of clients that have gone
                     if _gone(probe):
                         del streams[other]  # the stream notices on its next wake and ends
                 self._cond.notify_all()
             if len(streams) >= self.max_streams:
+                # req: SSE-STREAM-LIMIT, IPC-TRANSPORT-CAPACITY -- per transport
                 problem = Problem("too_many_streams", f"at most {self.max_streams} event streams at once over "
                                   f"{transport}")
                 problem.headers["Retry-After"] = "5"
@@ -87,6 +89,7 @@ class EventBus:
         probe = self._open.get(transport, {}).get(token)
         if probe is None:
             return False
+        # req: SSE-SLOT-RECLAIM
         if _gone(probe):
             with self._cond:
                 self._open[transport].pop(token, None)
@@ -106,6 +109,7 @@ class EventBus:
             cursor = after
             last_write = time.monotonic()
             while not self._closed and self._holds(transport, token):
+                # req: SSE-REPLAY -- every retained event after Last-Event-ID, in id order, then live
                 rows = self.inbox.events_after(cursor, self.batch)
                 if rows:
                     for event in rows:
@@ -140,7 +144,9 @@ def _gone(probe: Callable[[], bool]) -> bool:
 
 def format_event(event_id: int | None, name: str, payload: dict[str, Any] | str) -> bytes:
     """One SSE event: id (when persisted), event name, one line of JSON data."""
+    # req: SSE-PAYLOADS -- one line of JSON: the object its publisher built to spec/schemas/sse/<event>.json
     data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
+    # req: SSE-IDS-MONOTONIC -- the SSE id is the persisted event id
     head = f"id: {event_id}\n" if event_id is not None else ""
     return f"{head}event: {name}\ndata: {data}\n\n".encode()
 

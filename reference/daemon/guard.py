@@ -40,6 +40,7 @@ def transport_of(env: dict) -> str:
 def host_is_loopback(host: str | None) -> bool:
     """True for an empty Host or one of the three names v3 §3.3 allows — ``localhost``, ``127.0.0.1``, ``[::1]`` —
     with or without a port (``[::1]:8080`` included). Other loopback addresses (``127.0.0.2``) are not on the list."""
+    # req: AUTH-HOST -- empty, localhost, 127.0.0.1 or [::1], with any port
     if not host:
         return True
     host = host.strip().lower()
@@ -71,13 +72,17 @@ class Guard:
     def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
         req.context.counted = False
         tcp = transport_of(req.env) == TCP
+        # req: AUTH-HOST, AUTH-HOST-TCP-ONLY
         if tcp and not host_is_loopback(req.get_header("Host")):
             raise Problem("forbidden_host", "the Host header must be localhost, 127.0.0.1 or [::1]")
+        # req: AUTH-ORIGIN, AUTH-ORIGIN-BOTH -- a CORS preflight carries Origin too
         if req.get_header("Origin") is not None:
             raise Problem("forbidden_origin", "requests from browser origins are refused")
+        # req: AUTH-TOKEN-QUERY, AUTH-TOKEN-QUERY-BOTH
         if QUERY_TOKEN_NAMES & set(req.params):
             log.warning("ipc_token_in_query_string_rejected path=%s", req.path)
             raise Problem("token_in_query", "send the token in the Authorization header, never in the URL")
+        # req: AUTH-BEARER -- every route over TCP
         if tcp and req.path not in self._public_paths:
             self._check_bearer(req.get_header("Authorization"))
         if req.method == "OPTIONS":
@@ -88,6 +93,7 @@ class Guard:
     def process_resource(self, req: falcon.Request, resp: falcon.Response, resource, params) -> None:
         transport = transport_of(req.env)
         with self._lock:
+            # req: LIMIT-INFLIGHT, IPC-TRANSPORT-CAPACITY -- counted per transport
             if self._inflight[transport] >= self._max_inflight:
                 problem = Problem("daemon_busy", f"more than {self._max_inflight} requests in flight over {transport}")
                 problem.headers["Retry-After"] = "1"
@@ -101,11 +107,13 @@ class Guard:
             problem = Problem("missing_bearer_token", "over TCP every route needs Authorization: Bearer <local_token>")
         elif scheme.lower() != "bearer" or not presented.strip():
             problem = Problem("missing_bearer_token", "the Authorization header must use the Bearer scheme")
+        # req: AUTH-CONSTANT-TIME
         elif not hmac.compare_digest(presented.strip().encode(), self._token):
             log.warning("ipc_bearer_mismatch")
             problem = Problem("invalid_bearer_token", "the bearer token does not match local_token")
         else:
             return
+        # req: AUTH-BEARER-401
         problem.headers["WWW-Authenticate"] = 'Bearer realm="meshd"'
         raise problem
 
@@ -128,6 +136,7 @@ class Guard:
 
 def body_stream(req: falcon.Request):
     """The request body: Content-Length bounded, or the server's own reader for a chunked body (E-34)."""
+    # req: IPC-HTTP-BODY -- a chunked body is held to the route's limit like a Content-Length one
     if req.content_length is None and req.env.get("wsgi.input_terminated") and _chunked(req):
         return req.stream
     return req.bounded_stream
@@ -165,6 +174,7 @@ class BodyDrain:
             end = min(end, sock.deadline)
         drained = 0
         try:
+            # req: IPC-HTTP-BODY -- an early answer's unread body is read and dropped
             while drained <= DRAIN_MAX_BYTES and time.monotonic() < end:
                 if bounded:
                     sock.until(min(end, time.monotonic() + DRAIN_IDLE_S))

@@ -34,6 +34,7 @@ class HostMismatch(Exception):
 def write_private(path: Path, data: bytes) -> None:
     """Write ``data`` atomically with mode 0600 (temp file + fsync + rename)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # req: AUTH-TOKEN-FILE, ID-KEYPAIR -- mode 0600
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         os.write(fd, data)
@@ -77,6 +78,7 @@ def read_stable_mac(override: str = "", net_dir: Path = Path("/sys/class/net")) 
 
 
 def host_fingerprint(host_id: str, stable_mac: str) -> str:
+    # req: ID-HOST-FINGERPRINT, ID-HOST-FINGERPRINT-SEPARATOR
     return hashlib.sha256(f"{host_id}\x00{stable_mac}".encode()).hexdigest()
 
 
@@ -97,6 +99,7 @@ def check_host(state_dir: Path, host_id_override: str = "", mac_override: str = 
     host_id, mac = read_host_id(host_id_override), read_stable_mac(mac_override)
     current = host_fingerprint(host_id, mac)
     path = StateDir(state_dir).host_fingerprint
+    # req: ID-HOST-FINGERPRINT -- written at first start, then only compared
     if not path.exists():
         pin_host(state_dir, host_id, mac)
         return HostCheck("first_run", current)
@@ -105,6 +108,7 @@ def check_host(state_dir: Path, host_id_override: str = "", mac_override: str = 
         pinned = stored["fingerprint"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise HostMismatch(f"{path} is unreadable ({exc}); run `meshd accept-host` to re-pin this host") from exc
+    # req: ID-MISMATCH-REFUSE
     if pinned != current:
         raise HostMismatch(
             f"host fingerprint mismatch: stored host_id={stored.get('host_id')!r} mac={stored.get('stable_mac')!r}, "
@@ -129,6 +133,7 @@ def pin_host(state_dir: Path, host_id: str, mac: str) -> str:
 
 def accept_host(state_dir: Path, host_id_override: str = "", mac_override: str = "") -> str:
     """Re-pin the host fingerprint to this machine, keeping the keypair (`meshd accept-host`)."""
+    # req: ID-ACCEPT-HOST -- the keypair is not touched
     return pin_host(state_dir, read_host_id(host_id_override), read_stable_mac(mac_override))
 
 
@@ -170,6 +175,7 @@ def load_or_mint_keypair(state_dir: Path) -> tuple[Keypair, bool]:
         if document.get("ed25519_pubkey") not in (None, keypair.public_hex):
             raise IdentityUnreadable(f"{path}: ed25519_pubkey does not belong to ed25519_seed; restore the file")
         return keypair, False
+    # req: ID-KEYPAIR
     private = Ed25519PrivateKey.generate()
     seed = private.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
     keypair = Keypair(private)
@@ -189,6 +195,7 @@ def load_or_mint_token(state_dir: Path) -> str:
                                      "token (clients must then read the new one)") from exc
         if token:
             return token
+    # req: AUTH-TOKEN-FILE
     token = base64.urlsafe_b64encode(secrets.token_bytes(32)).rstrip(b"=").decode("ascii")
     write_private(path, (token + "\n").encode("ascii"))
     return token

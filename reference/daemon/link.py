@@ -270,6 +270,7 @@ class BrokerLink:
         with self._watch_lock:
             if self._stopping.is_set() or self._fatal or self._thread.is_alive() or self._thread.ident is None:
                 return False
+            # req: LINK-RESTART
             self._failed("the broker-link thread ended")
             self._thread = self._new_thread()
             self._thread.start()
@@ -331,6 +332,7 @@ class BrokerLink:
     def run(self) -> None:
         """The thread: the link, run again after any failure it did not handle itself, until the daemon stops."""
         while not self._stopping.is_set():
+            # req: LINK-RESTART -- counted (health: link_restarts, link_last_failure), and the link runs again
             try:
                 self._run()
                 return
@@ -352,6 +354,7 @@ class BrokerLink:
                 self._handshake(ws)
                 if attempt:
                     self.state.reconnects += 1
+                # req: WS-RECONNECT-BACKOFF -- n counts the failures since the link was last open
                     self.publish("daemon_reconnect", {"mesh": self.mesh, "attempt": attempt, "ts": _now_iso()})
                 attempt = 0
                 self.state.status = "open"
@@ -365,6 +368,7 @@ class BrokerLink:
                 return
             except BrokerClosed as closed:
                 log.warning("broker_status status=closed code=%s reason=%s", closed.code, closed.reason)
+                # req: LINK-1009-DEAD
                 if closed.code == CLOSE_MESSAGE_TOO_BIG:
                     self._refuse_largest_in_flight()
                 if self.state.status == "open":
@@ -393,6 +397,7 @@ class BrokerLink:
             # Only stopping cuts the backoff short: an accept's wake() must not, or a burst of sends while the broker
             # is away spends every attempt at once and leaves the next one at the cap (the first turn after a
             # reconnect drains whatever was accepted meanwhile).
+            # req: WS-RECONNECT-BACKOFF -- only stopping cuts the wait short
             self._stopping.wait(self._reconnect_delay(attempt))
 
     def _connect(self) -> websocket.WebSocket:
@@ -419,6 +424,7 @@ class BrokerLink:
         ack = self._expect(ws, "hello_ack")
         self.state.broker_version = ack.get("brokerVersion")
         features = self.config["features"]
+        # req: NEG-ORDER -- right after hello_ack; _serve, and with it every send frame, starts only once it validated
         request = {"type": "feature_negotiation_request", "require": list(features["require"]),
                    "optional": list(features["optional"])}
         self._send(ws, request)
@@ -435,6 +441,7 @@ class BrokerLink:
     def _refuse(self, ws: websocket.WebSocket, reason: CloseReason, negotiation: dict[str, Any]) -> None:
         log.warning("feature_negotiation_failed %s negotiation=%s", json.dumps(reason.as_dict()),
                     json.dumps(negotiation))
+        # req: NEG-CLOSE-4010, NEG-CLOSE-REASON-FIT -- then exit 10
         self.publish("feature_negotiation_failed", {**reason.as_dict(), "negotiation": negotiation, "ts": _now_iso()})
         _close_quietly(ws, CLOSE_FEATURE_UNAVAILABLE, reason.close_payload())
         raise Fatal(EXIT_NEGOTIATION, f"feature negotiation failed: {reason.kind} {reason.feature}: {reason.detail}")
@@ -447,6 +454,7 @@ class BrokerLink:
             derived = maxage.derive(dedupe.get("mode", "permanent"), dedupe.get("dedupe_retention_days"),
                                     outbox_cfg["max_age_hours"], override)
         except maxage.MaxAgeError as exc:
+            # req: MAXAGE-OVERRIDE -- an override outside the window refuses to run (exit 3)
             raise Fatal(EXIT_CONFIG, f"{exc.code}: {exc.detail}") from exc
         self.state.max_age_hours = derived.hours
         self.outbox.cap_max_age(derived.hours)
@@ -557,6 +565,7 @@ class BrokerLink:
         if not isinstance(frame, dict):
             self._quarantine(ws, raw, "the frame is not a JSON object")
             return None
+        # req: INB-SCHEMA -- an invalid frame is quarantined and counted
         errors = list(self._frame_check.iter_errors(frame))
         if errors:
             reason = f"{str(frame.get('type'))[:64]!r} frame: {errors[0].message}"[:1000]
@@ -570,6 +579,7 @@ class BrokerLink:
     def _take(self, ws: websocket.WebSocket, frame: dict[str, Any], raw: Any) -> None:
         """Handle one valid frame; a failure that is not the store's or the socket's quarantines it (E-41)."""
         try:
+            # req: LINK-SURVIVES -- a frame whose handling fails is quarantined, and the link carries on
             self._handle(ws, frame)
         except LINK_LOSSES:
             raise
@@ -602,6 +612,7 @@ class BrokerLink:
             max_rows=int(limit("quarantine_max_rows")))
         if new:
             self.state.quarantined += 1
+        # req: INB-QUARANTINE -- acknowledged only after the quarantine row committed
         if "ack" in ids:
             self._send(ws, ids["ack"])
             self.inbox.mark_quarantine_acked(quarantine_id)
@@ -631,6 +642,7 @@ class BrokerLink:
         changes = []
         for frame in frames:
             cmid = frame.get("client_message_id") or frame.get("id")
+            # req: OBX-BROKER-OUTCOMES, OBX-RETRY-LATER, WS-ACK-STATUS -- spec/tables/ack_events.yaml picks the event
             if frame.get("_invalid"):  # already quarantined and counted by _parse
                 event, error = "ack_failed", f"invalid ack: {frame['_invalid']}"
             else:
@@ -644,6 +656,7 @@ class BrokerLink:
         self.state.last_ack_ms = now
         # The rows keep their ack deadlines until the batch has committed: if it raises, the link closes and
         # _lose_inflight() returns every one of them to pending (link_lost).
+        # req: OBX-LATE-ACK -- a late ack still applies to a row back in pending
         results = self.outbox.transition_many(changes, by="client_message_id")
         for cmid, _ in changes:
             self._deadlines.pop(cmid, None)
@@ -668,6 +681,7 @@ class BrokerLink:
             return
         self._count("recv_total")
         inserted = self.inbox.receive(frame, self.mesh, self._now_ms())
+        # req: INB-DEDUPE
         if inserted is None:
             self._count("dedupe_total", direction="inbound")
         if self.trace is not None:
@@ -675,12 +689,14 @@ class BrokerLink:
                             client_message_id=frame["client_message_id"], broker_message_id=frame["messageId"],
                             delivery_id=frame.get("delivery_id"), inserted=inserted is not None,
                             inbox_seq=None if inserted is None else inserted["seq"])
+        # req: INB-DURABLE-BEFORE-ACK, INB-CLIENT-ACK -- after the inbox commit, for a duplicate too
         self._send(ws, {"type": "client_ack", "clientMessageId": frame["client_message_id"],
                         "brokerMessageId": frame["messageId"], "delivery_id": frame.get("delivery_id", "")})
 
     # --- outbox --------------------------------------------------------------------------------------------
     def _drain(self, ws: websocket.WebSocket) -> None:
         """Expire, then claim due rows (committed ``inflight`` in one transaction) and only then send their frames."""
+        # req: OBX-DISPATCH, OBX-MAX-AGE-DEAD -- committed inflight (or dead) before any frame goes out
         expired, dispatched = self.outbox.drain(self._now_ms(), DISPATCH_BATCH)
         for result in expired:
             self._perform(result)
@@ -695,6 +711,7 @@ class BrokerLink:
         for row in sent:
             text = json.dumps(send_frame(row), separators=(",", ":"), ensure_ascii=False)
             size = len(text.encode("utf-8")) if len(text) > ceiling // 4 else len(text)
+            # req: LINK-1009-DEAD
             if size > ceiling:  # accepted by an older daemon or under other limits: it can never be carried (E-40)
                 self._deadlines.pop(row.client_message_id, None)
                 self._retry(row.client_message_id, "ack_rejected",
@@ -718,11 +735,13 @@ class BrokerLink:
         for cmid in expired:
             self._deadlines.pop(cmid, None)
             self._frame_bytes.pop(cmid, None)
+            # req: OBX-BROKER-OUTCOMES -- an ack timeout returns the row to pending
             self._retry(cmid, "ack_timeout", "no ack within ack_timeout_s")
 
     def _lose_inflight(self) -> None:
         for cmid in list(self._deadlines):
             self._deadlines.pop(cmid, None)
+            # req: OBX-BROKER-OUTCOMES -- a lost link too
             self._retry(cmid, "link_lost", "the broker link closed before the ack")
         self._frame_bytes.clear()
 
@@ -791,6 +810,7 @@ class BrokerLink:
     # --- helpers -------------------------------------------------------------------------------------------
     def _reconnect_delay(self, attempt: int) -> float:
         cfg = self.config["reconnect"]
+        # req: WS-RECONNECT-SCHEDULE, WS-RECONNECT-BACKOFF
         base = min(cfg["max_ms"], cfg["initial_ms"] * cfg["multiplier"] ** (attempt - 1))
         return max(0.0, base * (1 + cfg["jitter"] * self._jitter())) / 1000
 
@@ -807,6 +827,7 @@ class BrokerLink:
 
 def send_frame(row: Any) -> dict[str, Any]:
     """The ``send`` frame for an outbox row: always the stored bytes and the frozen fingerprint (WS-SEND-SAME-BYTES)."""
+    # req: WS-SEND-SAME-BYTES, FP-FROZEN -- the stored bytes and the frozen fingerprint, on every attempt
     payload = load_payload(row.payload)
     return {
         "type": "send",

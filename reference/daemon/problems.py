@@ -46,6 +46,7 @@ class Problem(Exception):
 
 def write_problem(resp: falcon.Response, problem: Problem) -> None:
     resp.status = problem.status
+    # req: ERR-PROBLEM-JSON -- every IPC error leaves through here
     resp.content_type = PROBLEM_JSON
     resp.text = json.dumps(problem.body(), ensure_ascii=False)
     for name, value in problem.headers.items():
@@ -65,6 +66,7 @@ def install(app: falcon.App) -> None:
         status = int(exc.status_code)
         code = _FALCON_CODES.get(status)
         if code is None:
+            # req: ERR-NO-5XX-ON-BAD-INPUT -- falcon's own refusals of client input stay 4xx
             code = "invalid_request" if 400 <= status < 500 else "internal_error"
         detail = exc.description or (f"no route {req.path}" if status == 404 else exc.title) or ""
         problem = Problem(code, detail)
@@ -78,6 +80,7 @@ def install(app: falcon.App) -> None:
 
     def on_read_timeout(req, resp, exc: ReadTimeout, params):
         # The body stalled past ipc_body_read_s (E-43): what arrived is dropped, the connection cannot be reused.
+        # req: IPC-BODY-DEADLINE
         bound = "ipc_header_read_s" if exc.phase == "head" else "ipc_body_read_s"
         problem = Problem("request_timeout", f"{exc} ({bound})")
         problem.headers["Connection"] = "close"
@@ -85,6 +88,7 @@ def install(app: falcon.App) -> None:
 
     def on_broken_body(req, resp, exc: Exception, params):
         # A chunked body that breaks its framing, or a body that ends before its Content-Length.
+        # req: IPC-MALFORMED-HTTP
         problem = Problem("malformed_http", f"the request body is malformed: {type(exc).__name__}: {exc}"[:300])
         problem.headers["Connection"] = "close"
         write_problem(resp, problem)

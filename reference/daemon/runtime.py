@@ -81,6 +81,7 @@ def lock_state_dir(state_dir: Path) -> None:
     files = StateDir(state_dir)
     handle = files.lock.open("a+")
     try:
+        # req: LIFE-SINGLETON -- a second daemon on the directory exits 6
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError as exc:
         handle.close()
@@ -138,6 +139,7 @@ def preflight(state_dir: Path, config: Config, components: Components | None = N
     parts = components or Components()
     files = StateDir(state_dir)
     notes: list[str] = []
+    # req: AUTH-STATE-DIR-MODE
     state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(state_dir, 0o700)
     bind = config["ipc"]["http_bind"]
@@ -145,10 +147,12 @@ def preflight(state_dir: Path, config: Config, components: Components | None = N
         loopback = ipaddress.ip_address(bind).is_loopback
     except ValueError:
         loopback = bind == "localhost"
+    # req: AUTH-LOOPBACK
     if config["ipc"]["tcp_enabled"] and not loopback and not config["ipc"]["allow_non_loopback"]:
         raise PreflightError(EXIT_CONFIG, f"ipc.http_bind {bind!r} is not loopback; set ipc.allow_non_loopback = true "
                              "to expose the daemon beyond this machine")
     parts.lock_state_dir(state_dir)
+    # req: ID-MISMATCH-REFUSE -- exit 4
     try:
         check = parts.check_host(state_dir, config["identity"]["host_id_override"],
                                  config["identity"]["stable_mac_override"])
@@ -159,6 +163,7 @@ def preflight(state_dir: Path, config: Config, components: Components | None = N
         _, minted = identity.load_or_mint_keypair(state_dir)
         identity.load_or_mint_token(state_dir)
     except identity.IdentityUnreadable as exc:
+        # req: LIFE-STATE-REFUSED -- an unreadable keypair.json is exit 3, never replaced
         raise PreflightError(EXIT_CONFIG, str(exc)) from exc
     if minted:
         notes.append("member keypair minted (keypair.json)")
@@ -168,11 +173,14 @@ def preflight(state_dir: Path, config: Config, components: Components | None = N
         raise PreflightError(EXIT_OUTBOX, f"{exc}; the outbox is never discarded automatically: restore it from "
                              "a backup or move it aside by hand") from exc
     except (sqlite3.Error, OSError, StoreError) as exc:  # not a database file at all: a directory, no permission
+        # req: LIFE-STATE-REFUSED -- an unopenable outbox.db is exit 5
         raise PreflightError(EXIT_OUTBOX, f"{files.outbox_db} cannot be opened ({type(exc).__name__}: "
                              f"{exc}); the outbox is never discarded automatically: fix or move it aside by hand"
                              ) from exc
     try:
+        # req: REC-OUTBOX-INTEGRITY -- exit 5; the outbox is never discarded
         outbox.integrity_check()
+        # req: REC-INFLIGHT-TO-PENDING, REC-ATTEMPTS-UNCHANGED
         recovered = outbox.recover(WallClock(config["daemon"]["clock_file"]).ms())
     except OutboxCorrupt as exc:
         raise PreflightError(EXIT_OUTBOX, f"{exc}; refusing to start") from exc
@@ -189,6 +197,7 @@ def preflight(state_dir: Path, config: Config, components: Components | None = N
             finally:
                 trace.close()
     try:
+        # req: REC-INBOX-QUARANTINE -- logged as inbox_corruption_recovered below
         inbox, quarantined = parts.inbox_store.open_or_quarantine(files.inbox_db)
     except (sqlite3.Error, OSError, StoreError) as exc:
         raise PreflightError(EXIT_ERROR, f"{files.inbox_db} cannot be opened ({type(exc).__name__}: {exc}); "
@@ -219,6 +228,7 @@ class Runtime:
                                          trace=self._trace_store if self.trace else None)
         # §4.11 at every worker start, not only the master's: gunicorn starts a new worker after one is SIGKILLed,
         # and the rows the dead worker had in flight must go back to pending (a no-op after preflight's own pass).
+        # req: REC-WORKER-RESTART, REC-NO-LOSS -- a replacement worker recovers what its predecessor had in flight
         recovered = self.outbox.recover(self.clock.ms())
         if recovered:
             log.warning("crash recovery: %d inflight row(s) of a previous worker returned to pending", len(recovered))
@@ -293,18 +303,21 @@ def requeue(outbox: OutboxStore, outbox_id: str, new_client_message_id: str | No
 
     if new_client_message_id is not None and not is_client_message_id(new_client_message_id):
         raise Problem("invalid_client_message_id", "new_client_message_id does not match the id grammar")
+    # req: REQUEUE-FRESH-ID
     cmid = new_client_message_id or str(ULID())
     successor_id = str(ULID())
     try:
         result = outbox.requeue(outbox_id, cmid, successor_id, (clock or WallClock()).ms(), actor=actor)
     except OutboxRowNotFound as exc:
         raise Problem("outbox_row_not_found", f"no outbox row {outbox_id}") from exc
+    # req: REQUEUE-NEW-ID-IN-USE -- 409 with the row's frozen fingerprint's prefix (E-29)
     except NewIdInUse as exc:
         row = outbox.get(outbox_id)
         prefix = row.request_fingerprint[:8].hex() if row is not None else None
         raise Problem("idempotency_key_reused", f"{cmid} is already bound to an outbox row",
                       conflict="requeue_new_id_in_use", client_message_id=cmid,
                       daemon_fingerprint_prefix=prefix) from exc
+    # req: REQUEUE-STATES-REFUSED -- 409 outbox_requeue_state_invalid
     if result.outcome != "transition":
         raise Problem("outbox_requeue_state_invalid",
                       f"row {outbox_id} is {result.before.status}; only dead and pending rows can be requeued")
@@ -329,6 +342,7 @@ class InboxReceiver:
             delivery_id=frame.get("delivery_id"),
         )
         stored = self.inbox.insert_with_event(message, message_payload)
+        # req: INB-DEDUPE-EVENT -- a duplicate publishes no event
         if stored is None:
             return None
         row, event_id = stored
@@ -347,5 +361,6 @@ def message_payload(row: InboxRow) -> dict[str, Any]:
     """The `message` SSE payload (spec/schemas/sse/message.json)."""
     from .app import inbox_item
 
+    # req: SSE-PAYLOADS -- spec/schemas/sse/message.json
     item = inbox_item(row.as_dict())
     return {"inbox_id": item.pop("id"), **item}

@@ -61,6 +61,7 @@ class TransportTag:
         sock = environ.get("gunicorn.socket")
         environ["meshd.transport"] = "unix" if sock is not None and sock.family == socket.AF_UNIX else "tcp"
         if isinstance(sock, DeadlineSocket):
+            # req: IPC-BODY-DEADLINE -- armed once the head is read
             sock.arm(self.body_read_s, "body")
         return self.app(environ, _honouring_close(start_response))
 
@@ -268,6 +269,7 @@ class IpcWorker(ThreadWorker):
     MAX_TURNS = 256
 
     def get_thread_pool(self) -> Any:
+        # req: IPC-TRANSPORT-CAPACITY -- threads per transport
         self.pools = {transport: ThreadPoolExecutor(max_workers=self.settings.threads,
                                                     thread_name_prefix=f"meshd-{transport}")
                       for transport in (UNIX, TCP)}
@@ -291,6 +293,7 @@ class IpcWorker(ThreadWorker):
             return
         transport = UNIX if client_sock.family == socket.AF_UNIX else TCP
         with self._counts_lock:
+            # req: IPC-TRANSPORT-CAPACITY -- a connection cap per transport
             full = self._open[transport] >= self.settings.max_connections
             if not full:
                 self._open[transport] += 1
@@ -355,6 +358,7 @@ class IpcWorker(ThreadWorker):
             conn.close()
             return
         if conn.head_deadline is None:
+            # req: IPC-HEAD-DEADLINE -- from the first byte, on the poller: no thread waits for a head
             conn.head_deadline = time.monotonic() + self.settings.header_read_s
         conn.head += data
         if _head_complete(conn.head) or len(conn.head) >= HEAD_GATE_BYTES:
@@ -369,6 +373,7 @@ class IpcWorker(ThreadWorker):
         super().murder_pending()
         now = time.monotonic()
         for conn in list(self.heads):
+            # req: IPC-HEAD-DEADLINE
             if conn.head_deadline is not None and conn.head_deadline <= now:
                 self._stop_gathering(conn)
                 self.nr_conns -= 1
@@ -450,6 +455,7 @@ def _problem_for(exc: BaseException) -> tuple[int, str, str, str] | None:
     if isinstance(exc, ReadTimeout):
         bound = "ipc_header_read_s" if exc.phase == "head" else "ipc_body_read_s"
         return 408, "Request Timeout", "request_timeout", f"{exc} ({bound})"
+    # req: IPC-MALFORMED-HTTP, ERR-NO-5XX-ON-BAD-INPUT
     if isinstance(exc, http_errors.LimitRequestLine):
         return 414, "URI Too Long", "uri_too_long", f"{exc} (http_request_line_bytes)"
     if isinstance(exc, http_errors.LimitRequestHeaders):
@@ -461,6 +467,7 @@ def _problem_for(exc: BaseException) -> tuple[int, str, str, str] | None:
 
 
 def _problem_response(status: int, reason: str, code: str, detail: str) -> bytes:
+    # req: ERR-PROBLEM-JSON -- errors before the app too
     body = json.dumps(Problem(code, detail).body(), ensure_ascii=False).encode()
     head = (f"HTTP/1.1 {status} {reason}\r\nContent-Type: {PROBLEM_JSON}\r\nContent-Length: {len(body)}\r\n"
             "Connection: close\r\n\r\n")
@@ -546,6 +553,7 @@ class DaemonServer(BaseApplication):
     def _when_ready(self, server: Any) -> None:
         files = StateDir(self.state_dir)
         sock_path = files.socket
+        # req: AUTH-UDS-MODE
         os.chmod(sock_path, 0o600)
         for listener in server.LISTENERS:
             address = listener.sock.getsockname()

@@ -235,6 +235,7 @@ class SqliteStore:
         with self._lock:
             self._check_open()
             conn = self._writer
+            # req: IPC-SERIALIZED, IPC-DURABLE-BEFORE-RESPONSE -- one writer at a time; COMMIT fsyncs before any answer
             conn.execute("BEGIN IMMEDIATE")
             try:
                 yield conn

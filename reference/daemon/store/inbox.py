@@ -111,6 +111,7 @@ _INBOX_SELECT = f"SELECT {', '.join(_INBOX_COLUMNS)} FROM inbox"
 _INBOX_INSERT = (
     f"INSERT INTO inbox ({', '.join(_INBOX_MESSAGE_COLUMNS)})"
     f" VALUES ({', '.join(':' + c for c in _INBOX_MESSAGE_COLUMNS)})"
+    # req: INB-DEDUPE -- one row per client_message_id; a redelivery inserts nothing
     f" ON CONFLICT (client_message_id) DO NOTHING RETURNING {', '.join(_INBOX_COLUMNS)}"
 )
 _INBOX_CURSOR = re.compile(r"i1:(\d{1,19})")
@@ -167,6 +168,7 @@ class InboxStore(SqliteStore):
         from a floor of the wall clock in microseconds, above every number the quarantined file can have given out
         (fewer than one per microsecond since it was created): a client's ``since`` cursor or ``Last-Event-ID`` never
         hides what the new file receives, and a resuming stream opens with ``replay_gap`` for what was lost."""
+        # req: INBOX-IDS-AFTER-RECREATE
         floor = int(self.clock()) * 1000
         with self._transaction() as conn:
             for name in ("inbox", "events"):
@@ -192,6 +194,7 @@ class InboxStore(SqliteStore):
                 return store, None
             except InboxCorrupt:
                 store.close()
+        # req: REC-INBOX-QUARANTINE -- renamed inbox.db.corrupt-<ts> and recreated
         quarantined = _quarantine(path)
         fresh = cls(path, **options)
         fresh._number_above_clock()
@@ -224,6 +227,7 @@ class InboxStore(SqliteStore):
         """
         with self._transaction() as conn:
             row = self._insert(conn, message)
+            # req: INB-DEDUPE-EVENT, INB-DURABLE-BEFORE-ACK -- the event commits with the new row, before the client_ack
             if row is None:
                 return None
             return row, self._append(conn, event_name, payload(row))
@@ -247,8 +251,10 @@ class InboxStore(SqliteStore):
         """
         if limit < 1:
             raise ValueError("limit must be at least 1")
+        # req: INBOX-CURSOR -- ascending seq strictly after the cursor: no gaps, no repeats
         after = 0 if cursor is None else int(decode_cursor(cursor, _INBOX_CURSOR).group(1))
         where, params = ["seq > ?"], [after]
+        # req: INBOX-FILTERS, INBOX-FILTERS-EXACT
         for clause, value in (("received_at >= ?", since_ms), ("topic = ?", topic), ("sender_pubkey = ?", sender)):
             if value is not None:
                 where.append(clause)
@@ -304,6 +310,7 @@ class InboxStore(SqliteStore):
     # --- SSE events ----------------------------------------------------------------------------------------------
 
     def _append(self, conn: sqlite3.Connection, name: str, payload: Mapping[str, Any]) -> int:
+        # req: SSE-IDS-MONOTONIC -- events.id is AUTOINCREMENT: strictly increasing, never reused
         cursor = conn.execute("INSERT INTO events (name, payload, created_at) VALUES (?, ?, ?)",
                               (name, _json_text(payload), int(self.clock())))
         return int(cursor.lastrowid)

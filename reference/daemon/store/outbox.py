@@ -90,6 +90,7 @@ _OUTBOX_CURSOR = re.compile(r"o1:(\d{1,19}):(.+)", re.DOTALL)
 _KEY_COLUMNS = {"id": "id", "client_message_id": "client_message_id"}
 _DUE_WHERE = "status = 'pending' AND next_attempt_at <= ?"
 _DUE_ORDER = "ORDER BY next_attempt_at, enqueued_at, id"
+# req: OBX-MAX-AGE-DEAD -- pending rows only: an inflight row's ack may still come
 _EXPIRED_WHERE = "status = 'pending' AND max_age_at IS NOT NULL AND max_age_at < ?"
 _LIVE_STATES = tuple(state for state in STATES if state not in TERMINAL)
 _LIVE_DEADLINES = (
@@ -212,9 +213,11 @@ class OutboxStore(SqliteStore):
             inserts: list[OutboxRow] = []
             for item in batch:
                 existing = rows.get(item.client_message_id)
+                # req: IPC-SERIALIZED -- the lookup reads under the same BEGIN IMMEDIATE as the insert
                 decision = decide_send(existing, item.request_fingerprint, item.client_message_id)
                 transition = None
                 if decision.insert:
+                    # req: IPC-NEW-ROW, FP-FROZEN -- the fingerprint computed at accept is stored with the row
                     row = new_row(item.outbox_id, item.client_message_id, item.request_fingerprint, item.payload,
                                   item.enqueued_at, self.policy)
                     rows[item.client_message_id] = row
@@ -391,14 +394,17 @@ class OutboxStore(SqliteStore):
         if successor is not None:
             holder = self._load(conn, "client_message_id", successor.client_message_id)
             if holder is not None:
+                # req: REQUEUE-NEW-ID-IN-USE
                 raise NewIdInUse(successor.client_message_id, holder.id)
         after = result.after
         assert after is not None
         before = result.before.__dict__ if result.before is not None and result.before.id == after.id else {}
         changed = tuple(c for c in _OUTBOX_COLUMNS if c != "id" and (c not in before or before[c] != after.__dict__[c]))
+        # req: ID-CONSUMED-NEVER-FREED -- a transition updates its row in place; no path deletes an outbox row
         if conn.execute(_outbox_update(changed), {c: after.__dict__[c] for c in ("id", *changed)}).rowcount != 1:
             raise StoreError(f"outbox row {result.after.id!r} vanished inside its transaction")
         if successor is not None:
+            # req: REQUEUE-ATOMIC -- in the transaction that aborts the old row
             conn.execute(_OUTBOX_INSERT, _outbox_params(successor))
 
     def requeue(self, outbox_id: str, new_client_message_id: str, successor_id: str, now_ms: int,
@@ -440,6 +446,7 @@ class OutboxStore(SqliteStore):
 
     def recover(self, now_ms: int) -> list[Transition]:
         """Crash recovery (§4.11, E-16): in one transaction every inflight row goes back to pending, same attempts."""
+        # req: REC-INFLIGHT-TO-PENDING, REC-ATTEMPTS-UNCHANGED -- the table's crash_recovery row keeps attempts
         return self._apply_each("status = 'inflight'", (), OutboxEvent("crash_recovery", now_ms))
 
     def cap_max_age(self, max_age_hours: int) -> int:
