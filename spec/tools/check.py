@@ -6,8 +6,9 @@ that the core knows every effect the outbox table names; every vector against it
 requirement registry (unique ids, existing tests, every MUST tested or listed in the coverage baseline, no stale
 baseline entry; every `source: spec` requirement quoting the spec in `cite`, no cite on a meshspec decision; every
 black-box-checkable MUST checked by a conformance case or listed in the black-box baseline, no stale entry there);
-that the OpenAPI error codes equal spec/tables/errors.yaml; and that CONFORMANCE.md and STATE_MACHINES.md are
-current. It prints one line of counts per area and exits 1 naming every problem.
+that the OpenAPI error codes equal spec/tables/errors.yaml; that CONFORMANCE.md and STATE_MACHINES.md are current;
+and that every MUST has an implementation anchor in reference/ (spec/tools/anchors.py). It prints one line of counts
+per area and exits 1 naming every problem.
 
 The gate imports no implementation and no harness: the core is an argument (``meshd spec check`` hands it
 ``reference.core``), and the conformance case ids are read from ``conformance/case_ids.json``, which the harness
@@ -337,6 +338,14 @@ def check_generated(spec_dir: Path, repo_root: Path, report: Report) -> None:
     report.problems.extend(diagrams.problems(spec_dir))
 
 
+def check_anchors(spec_dir: Path, repo_root: Path, report: Report) -> None:
+    from spec.tools import anchors
+
+    found = anchors.audit(spec_dir, repo_root)
+    report.problems.extend(found.problems)
+    report.counts["anchors"] = found.summary
+
+
 def run(core: Core, spec_dir: Path = spec_pkg.SPEC_DIR, repo_root: Path | None = None) -> Report:
     """Run every check over ``spec_dir`` against ``core``; test ids resolve against ``repo_root`` (default: its
     parent)."""
@@ -350,6 +359,7 @@ def run(core: Core, spec_dir: Path = spec_pkg.SPEC_DIR, repo_root: Path | None =
     check_error_codes(spec_dir, openapi, report)
     check_vectors(spec_dir, report, core)
     check_generated(spec_dir, repo_root, report)
+    check_anchors(spec_dir, repo_root, report)
     return report
 
 

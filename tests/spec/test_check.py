@@ -26,7 +26,8 @@ def tree(tmp_path) -> Path:
     (root / "conformance").mkdir()
     for name in ("reference-results.json", "case_ids.json"):
         shutil.copy(REPO / "conformance" / name, root / "conformance" / name)
-    shutil.copytree(REPO / "tests", root / "tests", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for tree in ("tests", "reference"):  # the registry's test ids, the implementation anchors
+        shutil.copytree(REPO / tree, root / tree, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     return root / "spec"
 
 
@@ -265,6 +266,13 @@ def test_error_codes_must_match_openapi(tree):
     edit_yaml(tree / "tables" / "errors.yaml",
               lambda d: d["codes"].__setitem__("brand_new_code", {"status": 400, "title": "New"}))
     assert "openapi.yaml: ErrorCode enum lacks brand_new_code (tables/errors.yaml)" in run(tree).problems
+
+
+def test_a_must_without_an_implementation_anchor_is_named(tree):
+    guard = tree.parent / "reference" / "daemon" / "guard.py"
+    guard.write_text(guard.read_text().replace("        # req: AUTH-CONSTANT-TIME\n", ""))
+    assert ("reference/: MUST AUTH-CONSTANT-TIME has no implementation anchor (`# req: AUTH-CONSTANT-TIME` at the "
+            "code that enforces it)") in run(tree).problems
 
 
 def test_json_output(capsys):
