@@ -21,7 +21,7 @@ from ._sim_calendar import Calendar
 from ._sim_core import Core
 from ._sim_faults import FaultRates
 from ._sim_mesh import Daemon, Mesh
-from ._sim_outbox import Row
+from ._sim_outbox import TracedRow
 from ._sim_trace import AC, AD, DA, DL, HP, INBOX, SSE, Codes
 
 LEASE_MS = 30_000
@@ -34,18 +34,20 @@ HISTORY_RETENTION_MS = 600_000  # topic t3 keeps message rows for 10 minutes (hi
 class Dedupe:
     """The broker's dedupe row for one (mesh, client_message_id), as the stories sharing it see it."""
 
-    bmid: str | None = None
-    fp: bytes | None = None
+    broker_message_id: str | None = None
+    request_fingerprint: bytes | None = None
     pruned_at: int | None = None
 
 
 @dataclass(frozen=True)
 class Destination:
+    """Where a send goes (``kind`` and ``ref`` as the core's ``Destination``) and what the broker finds there."""
+
     kind: str
     ref: str
-    recipients: tuple[int, ...]
-    ok: bool
-    b2_check: str = ""
+    recipients: tuple[int, ...]  # daemon indexes
+    ok: bool  # whether B2 passes
+    b2_check: str = ""  # the B2 check that fails when not ``ok``
 
 
 class Broker:
@@ -62,27 +64,28 @@ class Broker:
         self.rates = rates
         self.message = mesh.sse["message"]
 
-    def receive(self, daemon: Daemon, row: Row, t: int, dest: Destination, dd: Dedupe, faults: bool
-                ) -> tuple[str, int]:
-        """The broker decides one send frame at ``t``; returns the daemon's ack event and the status."""
+    def receive(self, daemon: Daemon, row: TracedRow, t: int, dest: Destination, dedupe: Dedupe, faults: bool
+                ) -> tuple[str, str | None]:
+        """The broker decides one send frame at ``t``; returns the daemon's ack event and its broker_message_id."""
         rnd = self.rnd
         rates = self.rates
+        cmid, request_fingerprint, bucket = row.client_message_id, row.request_fingerprint, row.bucket
         b1 = "rejected" if faults and rnd() < rates.b1_reject else "ok"
         drift = "differs" if faults and rnd() < rates.drift else "same"
-        claim = "theirs" if dd.bmid is not None else "ours"
-        fingerprint = "match" if dd.fp is None or dd.fp == row.fp else "mismatch"
+        claim = "theirs" if dedupe.broker_message_id is not None else "ours"
+        fingerprint = "match" if dedupe.request_fingerprint in (None, request_fingerprint) else "mismatch"
         b2 = "ok" if dest.ok else "rejected"
         commit = "failed" if faults and rnd() < rates.broker_5xx else "ok"
         table_row, phase = self.core.broker(b1, drift, claim, fingerprint, b2, commit)
-        bmid = None
+        broker_message_id = None
         if table_row == "BRK-ACCEPT":
             status, event = 201, "ack_created"
-            bmid = self.mesh.new_id(t)
-            dd.bmid, dd.fp = bmid, row.fp
-            self.commit(row.cmid, row.bucket, row.fp, bmid, t, dest)
+            broker_message_id = self.mesh.new_id(t)
+            dedupe.broker_message_id, dedupe.request_fingerprint = broker_message_id, request_fingerprint
+            self.commit(cmid, bucket, request_fingerprint, broker_message_id, t, dest)
         elif table_row == "BRK-DUP-MATCH":
-            status, bmid = 200, dd.bmid
-            event = "ack_duplicate_pruned" if dd.pruned_at is not None and dd.pruned_at <= t else \
+            status, broker_message_id = 200, dedupe.broker_message_id
+            event = "ack_duplicate_pruned" if dedupe.pruned_at is not None and dedupe.pruned_at <= t else \
                 "ack_duplicate_history"
         elif table_row in ("BRK-DUP-MISMATCH", "BRK-DRIFT"):
             status, event = 409, "ack_conflict"
@@ -94,59 +97,67 @@ class Broker:
             status, event = self.core.check_status("B2", dest.b2_check or "topic_exists"), "ack_rejected"
         else:
             status, event = 503, "ack_failed"
-        self.decision(t, row.cmid, row.bucket, row.fp, table_row, phase, status, bmid, daemon.node)
+        self.decision(t, cmid, bucket, request_fingerprint, table_row, phase, status, broker_message_id, daemon.node)
         if table_row == "BRK-ACCEPT" and dest.ref == "t3":
-            dd.pruned_at = t + HISTORY_RETENTION_MS
-            self.push(dd.pruned_at, HP, self.node, row.bucket, (self.mesh_i, bmid, row.cmid))
-        return event, status
+            dedupe.pruned_at = t + HISTORY_RETENTION_MS
+            self.push(dedupe.pruned_at, HP, self.node, bucket, (self.mesh_i, broker_message_id, cmid))
+        return event, broker_message_id
 
-    def decision(self, t: int, cmid: str, bucket: int, fp: bytes, table_row: str, phase: str, status: int,
-                 bmid: str | None, member: int) -> None:
+    def decision(self, t: int, client_message_id: str, bucket: int, request_fingerprint: bytes, table_row: str,
+                 phase: str, status: int, broker_message_id: str | None, member: int) -> None:
         """An accept_decision; ``member`` is the sending daemon's node id (its key is written)."""
         code = self.codes.code(AD, (table_row, phase, status))
-        self.push(t, AD, self.node, bucket, (self.mesh_i, cmid, fp, code, bmid, member))
+        self.push(t, AD, self.node, bucket,
+                  (self.mesh_i, client_message_id, request_fingerprint, code, broker_message_id, member))
 
-    def commit(self, cmid: str, bucket: int, fp: bytes, bmid: str, t: int, dest: Destination, history: int = 1,
-               deliver: bool = True) -> None:
+    def commit(self, client_message_id: str, bucket: int, request_fingerprint: bytes, broker_message_id: str, t: int,
+               dest: Destination, history: int = 1, deliver: bool = True) -> None:
+        """An accept_commit (``history``: history rows written), then the deliveries unless ``deliver`` is False."""
         n = len(dest.recipients) if deliver else 0
         code = self.codes.code(AC, (dest.kind, 1, 1, history, n, n))
-        self.push(t, AC, self.node, bucket, (self.mesh_i, cmid, bmid, fp, code, dest.ref))
+        self.push(t, AC, self.node, bucket,
+                  (self.mesh_i, client_message_id, broker_message_id, request_fingerprint, code, dest.ref))
         if deliver:
             for recipient in dest.recipients:
-                self.deliver(recipient, bmid, cmid, bucket, t)
+                self.deliver(recipient, broker_message_id, client_message_id, bucket, t)
 
-    def deliver(self, r: int, bmid: str, cmid: str, bucket: int, t: int, mode: str = "") -> str:
-        """Deliver one message to daemon ``r`` until it acks; ``mode`` plays an injected fault instead."""
+    def deliver(self, r: int, broker_message_id: str, client_message_id: str, bucket: int, t: int, mode: str = ""
+                ) -> str:
+        """Deliver one message to daemon ``r`` until it acks; ``mode`` plays an injected fault instead.
+
+        Returns the delivery_id.
+        """
         recipient = self.mesh.daemons[r]
         outages = recipient.outages
         rnd = self.rnd
         push = self.push
         mesh, node = self.mesh_i, recipient.node
-        did = f"{bmid}.{r}"
+        delivery_id = f"{broker_message_id}.{r}"
         attempt = 1
         t += 1 + int(rnd() * 4)
-        cell: list[Any] | None = None
+        cell: list[Any] | None = None  # the inbox_seq of the row inserted first, filled in when the calendar emits it
         broker = self.node
         faults = not mode
         p_push_lost, p_ack_lost = self.rates.push_lost, self.rates.client_ack_lost
         while True:
             lease = t + (FORCED_LEASE_MS if mode else min(LEASE_MS << min(attempt - 1, 10), LEASE_MAX_MS))
-            push(t, DL, broker, bucket, (mesh, bmid, cmid, node, did, attempt, lease))
+            push(t, DL, broker, bucket, (mesh, broker_message_id, client_message_id, node, delivery_id, attempt, lease))
             t_insert = t + 1 + int(rnd() * 4)
             if (faults and rnd() < p_push_lost) or outages.covering(t_insert) >= 0:
                 t, attempt = lease, attempt + 1
                 continue
-            first = cell is None or (mode == "duplicate_inbox_row" and attempt == 2)
-            if first:
+            inserted = cell is None or (mode == "duplicate_inbox_row" and attempt == 2)
+            if inserted:
                 cell = [None]
                 push(t_insert, SSE, node, self.mesh.node_bucket[r], self.message)
-            push(t_insert, INBOX, node, bucket, (node, mesh, cmid, bmid, did, first, cell))
+            push(t_insert, INBOX, node, bucket,
+                 (node, mesh, client_message_id, broker_message_id, delivery_id, inserted, cell))
             if mode == "unacked_delivery":
-                return did
+                return delivery_id
             t_ack = t_insert + 1 + int(rnd() * 4)
             lost = (faults and rnd() < p_ack_lost) or (mode == "duplicate_inbox_row" and attempt == 1)
             if lost or outages.first_between(t_insert, t_ack) >= 0:
                 t, attempt = lease, attempt + 1
                 continue
-            push(t_ack, DA, broker, bucket, (mesh, bmid, cmid, node, did))
-            return did
+            push(t_ack, DA, broker, bucket, (mesh, broker_message_id, client_message_id, node, delivery_id))
+            return delivery_id

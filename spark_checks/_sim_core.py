@@ -1,12 +1,26 @@
 """The generator's decisions, every one taken from ``reference.core`` (and the spec's tables) once per input shape.
 
 The tables are tiny and the simulation asks them millions of times, so each answer is memoised on the inputs the
-table reads; a simulated row's own ids, times and bodies never reach a memo key.
+table reads; a simulated row's own ids, times and bodies never reach a memo key. An outbox transition is applied by
+the core once, to a representative row, and the simulation replays what the core changed (``Step``).
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from spec import load_table
+
+
+class Step(NamedTuple):
+    """What the core's outbox table does to a row in one state on one event: the columns a trace shows."""
+
+    table_row: str
+    to: str
+    attempts_delta: int
+    sets_broker_message_id: bool  # the row takes the ack's broker_message_id
+    sets_superseded_by: bool  # the row names its successor (requeue)
+    effects: tuple[str, ...]  # the IO effects the daemon performs
 
 
 class Core:
@@ -19,7 +33,7 @@ class Core:
                                    max_age_hours=derive("retention_scoped", 7, override_hours=1).hours)
         self.max_age_ms = int(self.policy.max_age_hours) * 3_600_000
         self._ipc: dict[tuple[str, bool | None], tuple[str, int]] = {}
-        self._transition: dict[tuple[str, str], tuple[str, str, int, tuple[str, ...]] | None] = {}
+        self._transition: dict[tuple[str, str], Step | None] = {}
         self._broker: dict[tuple[str, ...], tuple[str, str]] = {}
         accept = load_table("broker_accept")
         self._status = {(phase, entry["check"]): int(entry["http_status"])
@@ -40,27 +54,31 @@ class Core:
             found = self._ipc[key] = (decision.table_row, decision.http_status)
         return found
 
-    def transition(self, state: str, event: str) -> tuple[str, str, int, tuple[str, ...]] | None:
-        """(table_row, to, attempts delta, io effects) for ``event`` on a row in ``state``; None when ignored."""
+    def transition(self, state: str, event: str) -> Step | None:
+        """The ``Step`` the outbox table takes for ``event`` on a row in ``state``; None when it ignores the event."""
         key = (state, event)
         if key in self._transition:
             return self._transition[key]
         from reference.core import OutboxEvent, OutboxRow, accepted, apply, new_row
 
+        found: Step | None
         if state == "none":
-            row = new_row("0" * 26, "x", b"\x01" * 32, b"", 0, self.policy)
-            result = accepted(row)
-            found = (result.table_row, "pending", 0, result.effects)
+            result = accepted(new_row("0" * 26, "x", b"\x01" * 32, b"", 0, self.policy))
+            found = Step(result.table_row, "pending", 0, False, False, result.effects)
         else:
             row = OutboxRow(id="0" * 26, client_message_id="x", request_fingerprint=b"\x01" * 32, payload=b"",
                             enqueued_at=0, next_attempt_at=0, status=state, attempts=3)
-            result = apply(row, OutboxEvent(event, now=0, broker_message_id="b", history_id="h",
-                                            successor_id="1" * 26, successor_client_message_id="y"), self.policy)
+            broker_message_id, successor_id = "b" * 26, "1" * 26
+            result = apply(row, OutboxEvent(event, now=0, broker_message_id=broker_message_id, history_id="h",
+                                            successor_id=successor_id, successor_client_message_id="y"), self.policy)
             if result.outcome != "transition":
                 found = None
             else:
-                assert result.after is not None
-                found = (result.table_row, result.after.status, result.after.attempts - 3, result.effects)
+                after = result.after
+                assert after is not None
+                found = Step(result.table_row, after.status, after.attempts - row.attempts,
+                             after.broker_message_id == broker_message_id, after.superseded_by == successor_id,
+                             result.effects)
         self._transition[key] = found
         return found
 

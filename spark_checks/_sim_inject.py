@@ -16,7 +16,7 @@ from ._sim_broker import FORCED_LEASE_MS, LEASE_MS, Broker, Dedupe, Destination
 from ._sim_calendar import Calendar
 from ._sim_core import Core
 from ._sim_mesh import Daemon, Mesh
-from ._sim_outbox import Outbox, Row
+from ._sim_outbox import Outbox, TracedRow
 from ._sim_trace import DA, DL, OT
 from .catalogue import INJECTIONS
 
@@ -45,65 +45,65 @@ class Injector:
         self.pending = list(kinds)
         self.injections: list[Injection] = []
 
-    def happy(self, daemon: Daemon, t0: int, cmid: str, dest: Destination, inject: str = "") -> Row:
-        """The fault-free path of one send, with ``inject`` played into it."""
+    def happy(self, daemon: Daemon, t0: int, cmid: str, dest: Destination, inject: str = "") -> TracedRow:
+        """The fault-free path of one send with client_message_id ``cmid``, with ``inject`` played into it."""
         core, mesh, outbox, broker = self.core, self.mesh, self.outbox, self.broker
-        fp = core.fingerprint(dest.kind, dest.ref, f"{cmid}:0")
+        fingerprint = core.fingerprint(dest.kind, dest.ref, f"{cmid}:0")
         bucket = mesh.bucket(cmid)
-        outbox.post(daemon, t0, cmid, fp, bucket, "none", None, None)
-        row = outbox.new_row(daemon, t0, cmid, fp, t0 + 1 if inject == "max_age_violated" else None, bucket)
+        outbox.post(daemon, t0, cmid, fingerprint, bucket, "none", None, None)
+        row = outbox.accept(daemon, t0, cmid, fingerprint, t0 + 1 if inject == "max_age_violated" else None, bucket)
         t = t0 + 5
         outbox.transition(daemon, row, t, "dispatch")
         t_broker = t + 3
-        dd = Dedupe()
+        dedupe = Dedupe()
         if inject == "id_freed":
-            event, _ = broker.receive(daemon, row, t_broker, dest, dd, False)
-            outbox.transition(daemon, row, t_broker + 3, event)
-            outbox.requeue(daemon, row, t_broker + 1_000, new_cmid=row.cmid)
+            event, broker_message_id = broker.receive(daemon, row, t_broker, dest, dedupe, False)
+            outbox.transition(daemon, row, t_broker + 3, event, broker_message_id)
+            outbox.requeue(daemon, row, t_broker + 1_000, client_message_id=cmid)
             return row
         table_row, phase = core.broker("ok", "same", "ours", "match", "ok", "ok")
-        bmid = dd.bmid = mesh.new_id(t_broker)
-        dd.fp = fp
-        broker.commit(cmid, bucket, fp, bmid, t_broker, dest, 0 if inject == "missing_side_effect" else 1,
-                      deliver=False)
-        broker.decision(t_broker, cmid, bucket, fp, table_row, phase, 201, bmid, daemon.node)
+        broker_message_id = dedupe.broker_message_id = mesh.new_id(t_broker)
+        dedupe.request_fingerprint = fingerprint
+        broker.commit(cmid, bucket, fingerprint, broker_message_id, t_broker, dest,
+                      0 if inject == "missing_side_effect" else 1, deliver=False)
+        broker.decision(t_broker, cmid, bucket, fingerprint, table_row, phase, 201, broker_message_id, daemon.node)
         for k, recipient in enumerate(dest.recipients):
             mode = inject if k == 0 and inject in ("unacked_delivery", "duplicate_inbox_row") else ""
-            did = broker.deliver(recipient, bmid, cmid, bucket, t_broker, mode)
+            delivery_id = broker.deliver(recipient, broker_message_id, cmid, bucket, t_broker, mode)
             if mode == "unacked_delivery":
-                self._record("unacked_delivery", {"mesh": mesh.name, "delivery_id": did},
+                self._record("unacked_delivery", {"mesh": mesh.name, "delivery_id": delivery_id},
                              needs_ts=t_broker + 20 + FORCED_LEASE_MS + mesh.params.redelivery_grace_ms,
                              needs_node=mesh.broker_node)
             elif mode == "duplicate_inbox_row":
                 self._record(mode, {"recipient": mesh.daemons[recipient].pubkey, "client_message_id": cmid},
                              needs_ts=t_broker + FORCED_LEASE_MS + 100)
         t_ack = t_broker + 3
-        row.bmid = bmid
-        if inject == "done_without_message":
-            row.bmid = mesh.new_id(t_ack)
+        acked_id = mesh.new_id(t_ack) if inject == "done_without_message" else broker_message_id
         if inject == "fingerprint_changed":
-            row.fp = core.fingerprint(dest.kind, dest.ref, f"{cmid}:changed")
-        outbox.transition(daemon, row, t_ack, "ack_created")
+            row.request_fingerprint = core.fingerprint(dest.kind, dest.ref, f"{cmid}:changed")
+        outbox.transition(daemon, row, t_ack, "ack_created", acked_id)
         if inject == "illegal_transition":
-            failed = outbox.decide("inflight", "ack_failed")[4]  # type: ignore[index]
+            failed = outbox.step("inflight", "ack_failed")[0].table_row  # type: ignore[index]
+            code = outbox.ot_code("inflight", "pending", "ack_failed", failed)
             self.push(t_ack + 1_000, OT, daemon.node, bucket,
-                      (mesh.mesh_i, row.oid, cmid, fp, outbox.ot_code("inflight", "pending", "ack_failed", failed),
-                       row.attempts, row.enq, row.max_age_at, row.bmid, None))
+                      (mesh.mesh_i, row.id, cmid, fingerprint, code, row.attempts, row.enqueued_at, row.max_age_at,
+                       row.broker_message_id, None))
         elif inject == "ipc_decision_inconsistent":
-            outbox.post(daemon, t_ack + 500, cmid, fp, bucket, "pending", True, row.oid)
+            outbox.post(daemon, t_ack + 500, cmid, fingerprint, bucket, "pending", True, row.id)
         elif inject == "duplicate_broker_message":
             t_dup = t_ack + 2_000
             other = mesh.new_id(t_dup)
-            broker.commit(cmid, bucket, fp, other, t_dup, dest, deliver=False)
-            broker.decision(t_dup, cmid, bucket, fp, table_row, phase, 201, other, daemon.node)
+            broker.commit(cmid, bucket, fingerprint, other, t_dup, dest, deliver=False)
+            broker.decision(t_dup, cmid, bucket, fingerprint, table_row, phase, 201, other, daemon.node)
         elif inject == "delivery_uncommitted":
             t_dl = t_ack + 1_000
             phantom = mesh.new_id(t_dl)
             recipient = mesh.daemons[dest.recipients[0]]
-            did = f"{phantom}.{recipient.index}"
+            delivery_id = f"{phantom}.{recipient.index}"
             self.push(t_dl, DL, mesh.broker_node, bucket,
-                      (mesh.mesh_i, phantom, cmid, recipient.node, did, 1, t_dl + LEASE_MS))
-            self.push(t_dl + 3, DA, mesh.broker_node, bucket, (mesh.mesh_i, phantom, cmid, recipient.node, did))
+                      (mesh.mesh_i, phantom, cmid, recipient.node, delivery_id, 1, t_dl + LEASE_MS))
+            self.push(t_dl + 3, DA, mesh.broker_node, bucket,
+                      (mesh.mesh_i, phantom, cmid, recipient.node, delivery_id))
         return row
 
     def _record(self, kind: str, key: dict[str, str], needs_ts: int = 0, needs_node: int | None = None) -> None:
@@ -135,7 +135,7 @@ class Injector:
         row = self.happy(daemon, t0, cmid, dest, kind)
         end = t0 + 5_000
         if kind in ("illegal_transition", "fingerprint_changed", "max_age_violated"):
-            self._record(kind, {"node": daemon.name, "outbox_id": row.oid}, end)
+            self._record(kind, {"node": daemon.name, "outbox_id": row.id}, end)
         elif kind in ("ipc_decision_inconsistent", "id_freed"):
             self._record(kind, {"node": daemon.name, "client_message_id": cmid}, end)
         elif kind in ("duplicate_broker_message", "missing_side_effect", "done_without_message",

@@ -18,7 +18,7 @@ from ._sim_core import Core
 from ._sim_faults import CRASH, FaultRates
 from ._sim_inject import Injector
 from ._sim_mesh import Daemon, Mesh
-from ._sim_outbox import Outbox, Row
+from ._sim_outbox import Outbox, TracedRow
 
 ACK_TIMEOUT_MS = 10_000
 MAX_REQUEUES = 2  # requeues in a row of successors; a collision's story starts at this depth (none)
@@ -59,6 +59,7 @@ class Stories:
         self.play(daemon, t0, cmid, dest, Dedupe(), f"{cmid}:0", dups=True)
 
     def destination(self, sender: int) -> Destination:
+        """Where daemon ``sender``'s client sends: a topic, a DM, the queue, or (a fault) a destination B2 refuses."""
         rnd = self.rnd
         roll = rnd()
         n = len(self.daemons)
@@ -77,20 +78,20 @@ class Stories:
         consumer = 0 if sender != 0 or n == 1 else 1
         return Destination("queue", "q0", (consumer,), True)
 
-    def play(self, daemon: Daemon, t0: int, cmid: str, dest: Destination, dd: Dedupe, body: str, dups: bool,
-             depth: int = 0) -> Row:
+    def play(self, daemon: Daemon, t0: int, client_message_id: str, dest: Destination, dedupe: Dedupe, body: str,
+             dups: bool, depth: int = 0) -> TracedRow:
         """POST, accept and the row's whole lifecycle; returns the row (its timeline filled)."""
-        fp = self.core.fingerprint(dest.kind, dest.ref, body)
-        bucket = self.mesh.bucket(cmid)
-        self.outbox.post(daemon, t0, cmid, fp, bucket, "none", None, None)
-        row = self.outbox.new_row(daemon, t0, cmid, fp, bucket=bucket)
-        self.run_row(daemon, row, t0 + 1 + int(self.rnd() * 20), dest, dd, depth)
+        request_fingerprint = self.core.fingerprint(dest.kind, dest.ref, body)
+        bucket = self.mesh.bucket(client_message_id)
+        self.outbox.post(daemon, t0, client_message_id, request_fingerprint, bucket, "none", None, None)
+        row = self.outbox.accept(daemon, t0, client_message_id, request_fingerprint, bucket=bucket)
+        self.run_row(daemon, row, t0 + 1 + int(self.rnd() * 20), dest, dedupe, depth)
         if dups and self.rnd() < self.rates.dup_post:
             self.duplicate_posts(daemon, row, dest, t0)
         return row
 
-    def run_row(self, daemon: Daemon, row: Row, t: int, dest: Destination, dd: Dedupe, depth: int) -> None:
-        """The row's life on the daemon's link, from its first dispatch at (or after) ``t`` to a terminal state."""
+    def run_row(self, daemon: Daemon, row: TracedRow, t: int, dest: Destination, dedupe: Dedupe, depth: int) -> None:
+        """The row's life on the daemon's link, from its first dispatch at (or after) ``t`` to a terminal status."""
         rnd = self.rnd
         core = self.core
         rates = self.rates
@@ -107,9 +108,9 @@ class Stories:
             t_ack = t_broker + 1 + int(rnd() * 8)
             cut = outages.first_between(t, t_ack)
             decided = (cut < 0 or outages.starts[cut] > t_broker) and rnd() >= rates.frame_lost
-            event = ""
+            event, broker_message_id = "", None
             if decided:
-                event, _ = self.broker.receive(daemon, row, t_broker, dest, dd, True)
+                event, broker_message_id = self.broker.receive(daemon, row, t_broker, dest, dedupe, True)
             lost = not decided or rnd() < rates.ack_lost
             if cut < 0 and lost:
                 t_timeout = t + ACK_TIMEOUT_MS
@@ -118,11 +119,9 @@ class Stories:
                     transition(daemon, row, t_timeout, "ack_timeout")
                     if decided and rnd() < rates.late_ack:
                         t_late = t_timeout + 1 + int(rnd() * 400)
-                        if event in SUCCESS:
-                            row.bmid = dd.bmid
-                        if outages.covering(t_late) < 0 and transition(daemon, row, t_late, event) in (
-                                "done", "dead"):
-                            self._settled(daemon, row, t_late, dd, dest, depth)
+                        if outages.covering(t_late) < 0 and transition(
+                                daemon, row, t_late, event, broker_message_id) in ("done", "dead"):
+                            self._settled(daemon, row, t_late, dedupe, dest, depth)
                             return
                     t = t_timeout + core.backoff(row.attempts, rnd() * 2 - 1)
                     continue
@@ -135,51 +134,51 @@ class Stories:
                     transition(daemon, row, start, "link_lost")
                     t = max(end + 1, start + core.backoff(row.attempts, rnd() * 2 - 1))
                 continue
-            if event in SUCCESS:
-                row.bmid = dd.bmid
-            to = transition(daemon, row, t_ack, event)
+            to = transition(daemon, row, t_ack, event, broker_message_id)
             if to == "pending":
                 t = t_ack + core.backoff(row.attempts, rnd() * 2 - 1)
                 if depth < MAX_REQUEUES and rnd() < rates.requeue_pending:
                     t_req = outages.up(t_ack + (t - t_ack) // 2)
-                    if t_req < t and row.state == "pending":
+                    if t_req < t and row.status == "pending":
                         self.requeue(daemon, row, t_req, dest, depth)
                         return
                 continue
-            self._settled(daemon, row, t_ack, dd, dest, depth)
+            self._settled(daemon, row, t_ack, dedupe, dest, depth)
             return
 
-    def _settled(self, daemon: Daemon, row: Row, t: int, dd: Dedupe, dest: Destination, depth: int) -> None:
-        if row.state == "done":
-            if depth == 0 and dd.bmid is not None and self.rnd() < self.rates.collision and len(self.daemons) > 1:
+    def _settled(self, daemon: Daemon, row: TracedRow, t: int, dedupe: Dedupe, dest: Destination, depth: int
+                 ) -> None:
+        if row.status == "done":
+            if depth == 0 and dedupe.broker_message_id is not None and self.rnd() < self.rates.collision and \
+                    len(self.daemons) > 1:
                 self.later(t + 30_000 + int(self.rnd() * 60_000),
-                           lambda ts: self.collide(ts, daemon.index, row.cmid, dd, dest))
-        elif row.state == "dead":
+                           lambda ts: self.collide(ts, daemon.index, row.client_message_id, dedupe, dest))
+        elif row.status == "dead":
             self.after_dead(daemon, row, t, dest, depth)
 
-    def after_dead(self, daemon: Daemon, row: Row, t: int, dest: Destination, depth: int) -> None:
+    def after_dead(self, daemon: Daemon, row: TracedRow, t: int, dest: Destination, depth: int) -> None:
         if depth < MAX_REQUEUES and self.rnd() < self.rates.requeue_dead:
             self.requeue(daemon, row, daemon.outages.up(t + 5_000 + int(self.rnd() * 55_000)), dest, depth)
 
-    def requeue(self, daemon: Daemon, row: Row, t: int, dest: Destination, depth: int) -> None:
+    def requeue(self, daemon: Daemon, row: TracedRow, t: int, dest: Destination, depth: int) -> None:
         """Operator requeue (§4.5.3); the successor's story starts at once."""
         successor = self.outbox.requeue(daemon, row, t)
         self.run_row(daemon, successor, t + 1 + int(self.rnd() * 20), dest, Dedupe(), depth + 1)
 
-    def collide(self, t: int, original: int, cmid: str, dd: Dedupe, dest: Destination) -> None:
+    def collide(self, t: int, original: int, client_message_id: str, dedupe: Dedupe, dest: Destination) -> None:
         """Another daemon of the mesh sends with an id the broker already holds (same or different body)."""
         others = [d for d in self.daemons if d.index != original and d.outages.up(t) == t]
         if not others:
             return
         daemon = others[int(self.rnd() * len(others))]
         same = self.rnd() < 0.3
-        body = f"{cmid}:0" if same else f"{cmid}:collision"
-        self.play(daemon, t, cmid, dest, dd, body, dups=False, depth=MAX_REQUEUES)
+        body = f"{client_message_id}:0" if same else f"{client_message_id}:collision"
+        self.play(daemon, t, client_message_id, dest, dedupe, body, dups=False, depth=MAX_REQUEUES)
 
-    def duplicate_posts(self, daemon: Daemon, row: Row, dest: Destination, t0: int) -> None:
+    def duplicate_posts(self, daemon: Daemon, row: TracedRow, dest: Destination, t0: int) -> None:
         """The client posts the same id again, a few times (mostly the same body; a different body is answered 409)."""
         rnd = self.rnd
-        other_fp: bytes | None = None
+        other_fingerprint: bytes | None = None
         count = 1
         while rnd() < 0.5 and count < 8:
             count += 1
@@ -189,10 +188,11 @@ class Stories:
             if daemon.outages.up(t) != t:
                 continue
             match = rnd() < 0.85
-            if not match and other_fp is None:
-                other_fp = self.core.fingerprint(dest.kind, dest.ref, f"{row.cmid}:other")
-            self.outbox.post(daemon, t, row.cmid, row.fp if match else other_fp,  # type: ignore[arg-type]
-                             row.bucket, self.outbox.state_at(row, t), match, row.oid)
+            if not match and other_fingerprint is None:
+                other_fingerprint = self.core.fingerprint(dest.kind, dest.ref, f"{row.client_message_id}:other")
+            self.outbox.post(daemon, t, row.client_message_id,
+                             row.request_fingerprint if match else other_fingerprint,  # type: ignore[arg-type]
+                             row.bucket, row.status_at(t), match, row.id)
 
     def _try_hot(self, daemon: Daemon, t0: int) -> bool:
         """A client re-posting one id in a tight loop (a hot key), from a send that went the happy path."""
@@ -204,7 +204,7 @@ class Stories:
         row = self.injector.happy(daemon, t0, cmid, dest)
         other = self.core.fingerprint(dest.kind, dest.ref, f"{cmid}:other")
         remaining = [self.hot_posts]
-        post, state_at = self.outbox.post, self.outbox.state_at
+        post = self.outbox.post
 
         def hammer(ts: int) -> None:
             t = ts
@@ -213,7 +213,8 @@ class Stories:
                 if daemon.outages.up(t) != t:
                     continue
                 match = self.rnd() < 0.9
-                post(daemon, t, cmid, row.fp if match else other, row.bucket, state_at(row, t), match, row.oid)
+                post(daemon, t, cmid, row.request_fingerprint if match else other, row.bucket, row.status_at(t), match,
+                     row.id)
             remaining[0] -= 256
             if remaining[0] > 0:
                 self.later(t + 1, hammer)
