@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from reference.daemon.layout import StateDir
+from reference.state_dir import StateDir
 
 READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0

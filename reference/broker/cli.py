@@ -149,7 +149,7 @@ def _pubkey(value: str) -> str:
     """A 64-hex ed25519 public key, or the ed25519_pubkey of a daemon state directory's keypair.json."""
     path = Path(value)
     if path.is_dir():
-        from reference.daemon.layout import StateDir
+        from reference.state_dir import StateDir
 
         path = StateDir(path).keypair
     if path.is_file():

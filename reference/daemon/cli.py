@@ -21,9 +21,10 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
+from reference.state_dir import StateDir
+
 from . import client, identity, logs
 from .config import Config, ConfigError, load
-from .layout import StateDir
 
 if TYPE_CHECKING:
     from .runtime import Components

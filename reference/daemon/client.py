@@ -7,7 +7,7 @@ from typing import Any
 
 import httpx
 
-from .layout import StateDir
+from reference.state_dir import StateDir
 
 
 def unix_client(state_dir: Path, timeout: float = 10.0) -> httpx.Client:

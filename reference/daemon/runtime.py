@@ -27,6 +27,7 @@ from ulid import ULID
 
 from reference.clock import WallClock
 from reference.core import OutboxPolicy, SendRequest, parse_send
+from reference.state_dir import StateDir
 from reference.trace import TraceWriter
 
 from . import identity
@@ -34,7 +35,6 @@ from .app import DaemonContext, create_app
 from .committer import GroupCommitter
 from .config import Config
 from .events import EventBus
-from .layout import StateDir
 from .link import BrokerLink
 from .metrics import DaemonMetrics
 from .problems import Problem

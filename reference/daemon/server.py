@@ -39,9 +39,9 @@ from gunicorn.http.errors import ParseException
 from gunicorn.workers.gthread import TConn, ThreadWorker
 
 from reference.core.limits import limit
+from reference.state_dir import StateDir
 
 from .deadlines import DeadlineSocket, ReadTimeout
-from .layout import StateDir
 from .logs import JsonGunicornLogger
 from .problems import PROBLEM_JSON, Problem
 

@@ -1,4 +1,4 @@
-"""reference.daemon.layout: the state directory is named in one place, and the daemon writes only what it names."""
+"""reference.state_dir: the state directory is named in one place, and the daemon writes only what it names."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import pytest
 
 from reference.daemon import identity
 from reference.daemon.config import load
-from reference.daemon.layout import StateDir, quarantine_path
 from reference.daemon.runtime import preflight
 from reference.daemon.server import record_exit, recorded_exit
 from reference.daemon.store import InboxStore
+from reference.state_dir import StateDir, quarantine_path
 
 NAMES = {
     "config": "config.toml", "outbox_db": "outbox.db", "inbox_db": "inbox.db", "keypair": "keypair.json",

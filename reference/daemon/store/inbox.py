@@ -12,7 +12,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from ..layout import quarantine_path
+from reference.state_dir import quarantine_path
+
 from ._cursor import decode_cursor, encode_cursor
 from ._sqlite import SqliteStore, StoreError, _now_ms, log
 

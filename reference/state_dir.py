@@ -5,6 +5,9 @@ and ``daemon.pid`` (as the launch contract's ``{socket}`` placeholder and upstre
 adds three of its own: ``daemon.lock`` (the singleton lock, E-15), ``exit_reason.json`` (why the worker asked the
 master to stop, read back by ``serve`` for its exit code) and the quarantined copies of a corrupt database,
 ``<name>.corrupt-<unix-ms>`` beside it (E-16; their ``-wal``/``-shm`` sidecars keep SQLite's naming).
+
+It lives beside the daemon package, not in it: the broker CLI (``--pubkey`` a state directory) and the sandbox read
+the same names, and neither may import the daemon (README, "Layers").
 """
 
 from __future__ import annotations
