@@ -91,3 +91,18 @@ def test_a_requirement_without_a_recorded_run_is_not_yet_run(tmp_path):
     results.write_text(json.dumps(recorded))
     doc = conformance_doc.render(spec_pkg.SPEC_DIR, tmp_path)
     assert row(doc[doc.index("### meshspec's profile"):], "IPC-NEW-ROW-BODY").endswith("| not yet run |")
+
+
+def test_a_row_names_the_files_that_enforce_it():
+    assert "| `reference/daemon/guard.py` | pass |" in row(SPEC_PART, "AUTH-BEARER")
+
+
+def test_the_implementation_column_comes_from_the_anchors(tmp_path):
+    (tmp_path / "reference" / "daemon").mkdir(parents=True)
+    (tmp_path / "reference" / "daemon" / "guard.py").write_text("X = 1  # req: AUTH-BEARER, AUTH-UDS-MODE\n")
+    (tmp_path / "reference" / "app.py").write_text("# req: AUTH-BEARER -- and here\nY = 2\n")
+    doc = conformance_doc.render(spec_pkg.SPEC_DIR, tmp_path)
+    spec_part = doc[doc.index("### The spec's"):doc.index("### meshspec's profile")]
+    assert "| `reference/app.py`<br>`reference/daemon/guard.py` | not yet run |" in row(spec_part, "AUTH-BEARER")
+    assert "| `reference/daemon/guard.py` | not yet run |" in row(spec_part, "AUTH-UDS-MODE")
+    assert row(spec_part, "AUTH-HOST").endswith("| — | not yet run |")
