@@ -83,6 +83,7 @@ class Session:
         with self._outbound_ready:
             if self._outbound_closed:
                 return False
+            # req: BRK-SLOW-CONSUMER
             if self._outbound and self._outbound_bytes + len(data) > self.max_outbound_bytes:
                 queued = self._outbound_bytes
                 self._stop_outbound()

@@ -297,6 +297,7 @@ class BrokerServer:
         try:
             if full:
                 log.warning("connection refused: %d open connections (max_connections)", self._connections - 1)
+                # req: BRK-CONNECTION-CAP
                 conn.close(1013, "try_again_later")
                 return
             self._handle_member(conn)

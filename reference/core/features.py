@@ -120,6 +120,7 @@ def validate_params(bit: str, params: Any) -> tuple[dict[str, Any], list[str]]:
                 _check_param(name, rule, params[name])
                 accepted[name] = params[name]
             except _ParamFailure as exc:
+                # req: NEG-OPTIONAL-INVALID
                 warnings.append(f"feature_optional_param_invalid: {bit}.{exc.detail}")
     return accepted, warnings
 

@@ -109,6 +109,7 @@ def _int_param(req: falcon.Request, name: str, default: int, low: int, high: int
 
 
 def _no_writes_while_draining(ctx: DaemonContext) -> None:
+    # req: LIFE-DRAIN -- 503 daemon_draining
     if ctx.draining.is_set():
         problem = Problem("daemon_draining", "the daemon is shutting down; retry against the next one")
         problem.headers["Retry-After"] = "1"
@@ -158,6 +159,7 @@ class Health:
 
 class Compat:
     def on_get(self, req, resp):
+        # req: API-COMPAT
         features = load_table("features")["daemon_defaults"]["require"]
         _send_json(resp, 200, {
             "daemon": SPEC_VERSION, "compatible_brokers": ["0.9.x"], "required_broker_features": features,
@@ -172,6 +174,7 @@ class Metrics:
 
     def on_get(self, req, resp):
         resp.content_type = "text/plain; version=0.0.4; charset=utf-8"
+        # req: API-METRICS
         resp.text = self.ctx.metrics.render().decode("utf-8")
 
 

@@ -124,6 +124,7 @@ class EventBus:
                     if wait > 0:
                         self._cond.wait(timeout=min(wait, WAKE_S))
                 if time.monotonic() - last_write >= self.keepalive_s:
+                    # req: SSE-KEEPALIVE
                     yield b": keepalive\n\n"
                     last_write = time.monotonic()
         finally:

@@ -779,8 +779,10 @@ class BrokerLink:
                             result.table_row)
             elif effect == "log_error":
                 log.error("outbox %s -> dead: %s", row.client_message_id, row.last_error)
+            # req: OBX-HISTORY-PRUNED-WARN
             elif effect == "count_history_pruned":
                 self._count("dedupe_history_pruned_total")
+            # req: OBX-DEAD-EVENT
             elif effect == "emit_outbox_dead":
                 conflict = None
                 if row.last_error and row.last_error.startswith("idempotency_key_reused: "):

@@ -282,6 +282,7 @@ class Runtime:
             return
         self.ctx.draining.set()
         self.bus.close()
+        # req: LIFE-DRAIN
         self.link.drain_and_stop(float(self.config["daemon"]["drain_timeout_s"]))
 
     def close(self) -> None:

@@ -169,6 +169,7 @@ class LingeringCloser(threading.Thread):
             util.close(sock)
             return
         with self._lock:
+            # req: IPC-LINGERING-CLOSE -- on the closer's own poller, off request threads and the accept loop
             self._incoming.append(sock)
         with contextlib.suppress(OSError):
             self._wake_w.send(b"\0")
@@ -569,6 +570,7 @@ class DaemonServer(BaseApplication):
         if self.log_level is None:
             return
         try:
+            # req: LIFE-SIGHUP -- only the log level; a bad file keeps the running one
             level = self.log_level()
         except Exception as exc:  # ConfigError, OSError: the running daemon keeps going as it is
             log.warning("sighup: configuration not re-read (%s); log level unchanged", exc)

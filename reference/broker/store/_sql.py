@@ -619,6 +619,7 @@ class SqlBrokerStore(BrokerStore):
     def orphan_check(self, now_ms: int | None = None) -> list[Violation]:
         found: list[Violation] = []
         with self._transaction(write=False) as cur:
+            # req: BRK-ORPHAN-CHECK
             for rule in ORPHAN_RULES:
                 for row in self._x(cur, rule, now=_now_ms() if now_ms is None else now_ms).fetchall():
                     found.append(Violation(rule, row["mesh_id"], str(row["ref"]), row["detail"]))
