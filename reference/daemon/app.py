@@ -13,12 +13,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import falcon
 from ulid import ULID
 
+from reference.clock import rfc3339_ms as format_rfc3339_ms
 from reference.core import RequestError, SendRequest, parse_send
 from reference.core.destination import TOPIC_NAME
 from reference.core.limits import limit
@@ -44,7 +45,10 @@ PROFILE_FIELDS = {"summary", "status", "visible", "avatar", "title", "bio", "cap
 
 @dataclass
 class DaemonContext:
-    """Everything the IPC layer talks to. The real daemon builds it in runtime.py; tests build their own."""
+    """Everything the IPC layer talks to. The real daemon builds it in runtime.py; tests build their own.
+
+    ``clock`` (seconds since the epoch) is the only time the IPC layer reads; ``started_at`` defaults to its now.
+    """
 
     config: dict[str, dict[str, Any]]
     token: str
@@ -59,14 +63,18 @@ class DaemonContext:
     # req: IPC-ID-MINTED-FORM -- a bare 26-character ULID
     mint_id: Callable[[], str] = field(default=lambda: str(ULID()))
     parse_send: Callable[[bytes, str | None], SendRequest] = parse_send  # phase A of POST /v1/send
-    started_at: float = field(default_factory=time.time)
+    started_at: float | None = None
     draining: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        if self.started_at is None:
+            self.started_at = self.clock()
 
 
 def _iso(ms: int | None) -> str | None:
     if ms is None:
         return None
-    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return format_rfc3339_ms(ms)
 
 
 def _read_body(req: falcon.Request, limit: int) -> bytes:

@@ -21,6 +21,7 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
+from reference.clock import WallClock, rfc3339_ms
 from reference.state_dir import StateDir
 
 from . import client, identity, logs
@@ -242,7 +243,8 @@ def cmd_accept_host(args: argparse.Namespace) -> int:
     state_dir = _state_dir(args)
     config = load(StateDir(state_dir).config)
     fingerprint = identity.accept_host(state_dir, config["identity"]["host_id_override"],
-                                       config["identity"]["stable_mac_override"])
+                                       config["identity"]["stable_mac_override"],
+                                       clock=WallClock(config["daemon"]["clock_file"]))
     console.print(f"host fingerprint re-pinned: {fingerprint[:16]} (keypair kept)")
     return 0
 
@@ -255,7 +257,8 @@ def _outbox_store(state_dir: Path):
     from .store import OutboxStore
 
     files = StateDir(state_dir)
-    return OutboxStore(files.outbox_db, policy_for(load(files.config)))
+    config = load(files.config)
+    return OutboxStore(files.outbox_db, policy_for(config), clock=WallClock(config["daemon"]["clock_file"]).ms)
 
 
 def cmd_outbox_list(args: argparse.Namespace) -> int:
@@ -309,7 +312,7 @@ def cmd_inbox_quarantine(args: argparse.Namespace) -> int:
     for column in ("id", "last_seen_at", "seen", "frame_type", "client_message_id", "acked", "frame_bytes", "reason"):
         table.add_column(column)
     for record in records:
-        seen_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(record["last_seen_at"] / 1000))
+        seen_at = rfc3339_ms(record["last_seen_at"])
         table.add_row(str(record["id"]), seen_at, str(record["seen"]), str(record["frame_type"] or ""),
                       str(record["client_message_id"] or ""), "yes" if record["acked"] else "no",
                       str(record["frame_bytes"]), record["reason"][:200])

@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from reference.clock import now_rfc3339
+
 from .problems import Problem
 
 #: the longest an idle stream waits before it looks at its connection again
@@ -26,8 +28,9 @@ class EventBus:
     """Publishes events through the inbox store and feeds the SSE streams."""
 
     def __init__(self, inbox: Any, max_streams: int = 32, keepalive_s: float = 15.0, trace: Any = None,
-                 batch: int = 500):
+                 batch: int = 500, clock: Callable[[], float] = time.time):
         self.inbox = inbox
+        self.clock = clock
         self.max_streams = max_streams
         self.keepalive_s = keepalive_s
         self.trace = trace
@@ -104,7 +107,7 @@ class EventBus:
                 if oldest is None:  # nothing retained: the next event gets the next id
                     oldest = self.inbox.last_event_id() + 1
                 if after < oldest - 1:
-                    gap = {"requested_after": after, "oldest_available": oldest, "ts": _now_iso()}
+                    gap = {"requested_after": after, "oldest_available": oldest, "ts": now_rfc3339(self.clock)}
                     yield format_event(None, "replay_gap", gap)
             cursor = after
             last_write = time.monotonic()
@@ -150,8 +153,3 @@ def format_event(event_id: int | None, name: str, payload: dict[str, Any] | str)
     # req: SSE-IDS-MONOTONIC -- the SSE id is the persisted event id
     head = f"id: {event_id}\n" if event_id is not None else ""
     return f"{head}event: {name}\ndata: {data}\n\n".encode()
-
-
-def _now_iso() -> str:
-    now = time.time()
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"

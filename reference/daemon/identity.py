@@ -15,12 +15,14 @@ import os
 import re
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
 
+from reference.clock import now_rfc3339
 from reference.state_dir import StateDir
 
 VIRTUAL_INTERFACE = re.compile(r"^(lo|docker|br-|veth|tap|tun|tailscale|wg|utun|ppp|vboxnet|vmnet|awdl|llw|virbr)")
@@ -90,7 +92,8 @@ class HostCheck:
     fingerprint: str
 
 
-def check_host(state_dir: Path, host_id_override: str = "", mac_override: str = "") -> HostCheck:
+def check_host(state_dir: Path, host_id_override: str = "", mac_override: str = "",
+               clock: Callable[[], float] = time.time) -> HostCheck:
     """Write the fingerprint on first run, compare it afterwards.
 
     Raises:
@@ -101,7 +104,7 @@ def check_host(state_dir: Path, host_id_override: str = "", mac_override: str = 
     path = StateDir(state_dir).host_fingerprint
     # req: ID-HOST-FINGERPRINT -- written at first start, then only compared
     if not path.exists():
-        pin_host(state_dir, host_id, mac)
+        pin_host(state_dir, host_id, mac, clock)
         return HostCheck("first_run", current)
     try:
         stored = json.loads(path.read_text(encoding="utf-8"))
@@ -118,23 +121,24 @@ def check_host(state_dir: Path, host_id_override: str = "", mac_override: str = 
     return HostCheck("match", current)
 
 
-def pin_host(state_dir: Path, host_id: str, mac: str) -> str:
+def pin_host(state_dir: Path, host_id: str, mac: str, clock: Callable[[], float] = time.time) -> str:
     fingerprint = host_fingerprint(host_id, mac)
     document = {
         "schema_version": 1,
         "fingerprint": fingerprint,
         "host_id": host_id,
         "stable_mac": mac,
-        "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "written_at": now_rfc3339(clock),
     }
     write_private(StateDir(state_dir).host_fingerprint, (json.dumps(document, indent=2) + "\n").encode())
     return fingerprint
 
 
-def accept_host(state_dir: Path, host_id_override: str = "", mac_override: str = "") -> str:
+def accept_host(state_dir: Path, host_id_override: str = "", mac_override: str = "",
+                clock: Callable[[], float] = time.time) -> str:
     """Re-pin the host fingerprint to this machine, keeping the keypair (`meshd accept-host`)."""
     # req: ID-ACCEPT-HOST -- the keypair is not touched
-    return pin_host(state_dir, read_host_id(host_id_override), read_stable_mac(mac_override))
+    return pin_host(state_dir, read_host_id(host_id_override), read_stable_mac(mac_override), clock)
 
 
 @dataclass(frozen=True)

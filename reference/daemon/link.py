@@ -49,6 +49,7 @@ from typing import Any
 
 import websocket
 
+from reference.clock import now_rfc3339
 from reference.core import OutboxEvent, TransitionError, is_client_message_id, maxage, negotiate
 from reference.core.features import CloseReason
 from reference.core.limits import LimitExceeded, Unparsable, limit, loads
@@ -355,7 +356,7 @@ class BrokerLink:
                 if attempt:
                     self.state.reconnects += 1
                 # req: WS-RECONNECT-BACKOFF -- n counts the failures since the link was last open
-                    self.publish("daemon_reconnect", {"mesh": self.mesh, "attempt": attempt, "ts": _now_iso()})
+                    self.publish("daemon_reconnect", {"mesh": self.mesh, "attempt": attempt, "ts": self._ts()})
                 attempt = 0
                 self.state.status = "open"
                 self._count("connected", 1)
@@ -373,7 +374,7 @@ class BrokerLink:
                     self._refuse_largest_in_flight()
                 if self.state.status == "open":
                     self.publish("daemon_disconnect", {"mesh": self.mesh, "reason": str(closed), "code": closed.code,
-                                                       "ts": _now_iso()})
+                                                       "ts": self._ts()})
             except (OSError, websocket.WebSocketException, ValueError, TimeoutError, sqlite3.Error) as exc:
                 # A store error while serving (e.g. disk I/O during a batch of acks) is a link loss too: the rows
                 # it left inflight go back to pending below, and the link reconnects with backoff.
@@ -381,7 +382,7 @@ class BrokerLink:
                 if self.state.status == "open":
                     code = getattr(exc, "status_code", None)
                     self.publish("daemon_disconnect", {"mesh": self.mesh, "reason": str(exc) or type(exc).__name__,
-                                                       "code": code, "ts": _now_iso()})
+                                                       "code": code, "ts": self._ts()})
             finally:
                 was_open = self.state.status == "open"
                 self.state.status = "closed" if self._stopping.is_set() else "connecting"
@@ -442,7 +443,7 @@ class BrokerLink:
         log.warning("feature_negotiation_failed %s negotiation=%s", json.dumps(reason.as_dict()),
                     json.dumps(negotiation))
         # req: NEG-CLOSE-4010, NEG-CLOSE-REASON-FIT -- then exit 10
-        self.publish("feature_negotiation_failed", {**reason.as_dict(), "negotiation": negotiation, "ts": _now_iso()})
+        self.publish("feature_negotiation_failed", {**reason.as_dict(), "negotiation": negotiation, "ts": self._ts()})
         _close_quietly(ws, CLOSE_FEATURE_UNAVAILABLE, reason.close_payload())
         raise Fatal(EXIT_NEGOTIATION, f"feature negotiation failed: {reason.kind} {reason.feature}: {reason.detail}")
 
@@ -674,7 +675,7 @@ class BrokerLink:
             name = {"peer_joined": "peer_join", "peer_left": "peer_leave"}.get(frame.get("event", ""))
             data = frame.get("eventData") or {}
             if name is not None:
-                payload = {"mesh": self.mesh, "pubkey": data.get("pubkey", ""), "ts": _now_iso()}
+                payload = {"mesh": self.mesh, "pubkey": data.get("pubkey", ""), "ts": self._ts()}
                 if data.get("displayName"):
                     payload["displayName"] = data["displayName"]
                 self.publish(name, payload)
@@ -789,7 +790,7 @@ class BrokerLink:
                     conflict = row.last_error.split(": ", 1)[1].split(" ", 1)[0]
                 self.publish("outbox_dead", {"outbox_id": row.id, "client_message_id": row.client_message_id,
                                              "last_error": row.last_error or "", "conflict": conflict,
-                                             "ts": _now_iso()})
+                                             "ts": self._ts()})
 
     def _send_requests(self, ws: websocket.WebSocket) -> None:
         while True:
@@ -821,6 +822,10 @@ class BrokerLink:
 
     def _now_ms(self) -> int:
         return int(self.clock() * 1000)
+
+    def _ts(self) -> str:
+        """Now by the link's clock, as an SSE payload's ``ts``."""
+        return now_rfc3339(self.clock)
 
     def _count(self, name: str, value: float | None = None, **labels: str) -> None:
         if self.metrics is not None:
@@ -896,8 +901,3 @@ def _close_quietly(ws: websocket.WebSocket, code: int, reason: str) -> None:
         ws.close(status=code, reason=reason.encode("utf-8"), timeout=1)
     with contextlib.suppress(OSError, websocket.WebSocketException):
         ws.shutdown()
-
-
-def _now_iso() -> str:
-    now = time.time()
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"

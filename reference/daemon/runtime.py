@@ -138,6 +138,7 @@ def preflight(state_dir: Path, config: Config, components: Components | None = N
     """Checks and recovery before serving; returns log lines describing what was done."""
     parts = components or Components()
     files = StateDir(state_dir)
+    clock = WallClock(config["daemon"]["clock_file"])
     notes: list[str] = []
     # req: AUTH-STATE-DIR-MODE
     state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -155,7 +156,7 @@ def preflight(state_dir: Path, config: Config, components: Components | None = N
     # req: ID-MISMATCH-REFUSE -- exit 4
     try:
         check = parts.check_host(state_dir, config["identity"]["host_id_override"],
-                                 config["identity"]["stable_mac_override"])
+                                 config["identity"]["stable_mac_override"], clock=clock)
     except identity.HostMismatch as exc:
         raise PreflightError(EXIT_HOST, str(exc)) from exc
     notes.append(f"host_fingerprint {check.result} {check.fingerprint[:16]}")
@@ -168,7 +169,8 @@ def preflight(state_dir: Path, config: Config, components: Components | None = N
     if minted:
         notes.append("member keypair minted (keypair.json)")
     try:
-        outbox = parts.outbox_store(files.outbox_db, policy_for(config), config["outbox"]["synchronous"])
+        outbox = parts.outbox_store(files.outbox_db, policy_for(config), config["outbox"]["synchronous"],
+                                    clock=clock.ms)
     except (OutboxCorrupt, SchemaTooNew) as exc:
         raise PreflightError(EXIT_OUTBOX, f"{exc}; the outbox is never discarded automatically: restore it from "
                              "a backup or move it aside by hand") from exc
@@ -181,7 +183,7 @@ def preflight(state_dir: Path, config: Config, components: Components | None = N
         # req: REC-OUTBOX-INTEGRITY -- exit 5; the outbox is never discarded
         outbox.integrity_check()
         # req: REC-INFLIGHT-TO-PENDING, REC-ATTEMPTS-UNCHANGED
-        recovered = outbox.recover(WallClock(config["daemon"]["clock_file"]).ms())
+        recovered = outbox.recover(clock.ms())
     except OutboxCorrupt as exc:
         raise PreflightError(EXIT_OUTBOX, f"{exc}; refusing to start") from exc
     finally:
@@ -190,7 +192,7 @@ def preflight(state_dir: Path, config: Config, components: Components | None = N
         notes.append(f"crash recovery: {len(recovered)} inflight row(s) returned to pending")
         if config["trace"]["dir"]:  # the recovery transitions belong in the trace like every other transition
             keypair, _ = identity.load_or_mint_keypair(state_dir)
-            trace = TraceWriter(Path(config["trace"]["dir"]), "daemon", daemon_node(keypair))
+            trace = TraceWriter(Path(config["trace"]["dir"]), "daemon", daemon_node(keypair), clock=clock)
             try:
                 for transition in recovered:
                     trace_store_item(trace, config["daemon"]["mesh"], transition)
@@ -198,7 +200,7 @@ def preflight(state_dir: Path, config: Config, components: Components | None = N
                 trace.close()
     try:
         # req: REC-INBOX-QUARANTINE -- logged as inbox_corruption_recovered below
-        inbox, quarantined = parts.inbox_store.open_or_quarantine(files.inbox_db)
+        inbox, quarantined = parts.inbox_store.open_or_quarantine(files.inbox_db, clock=clock.ms)
     except (sqlite3.Error, OSError, StoreError) as exc:
         raise PreflightError(EXIT_ERROR, f"{files.inbox_db} cannot be opened ({type(exc).__name__}: {exc}); "
                              "move it aside and start again (a fresh inbox is created)") from exc
@@ -225,16 +227,16 @@ class Runtime:
         self.trace = (TraceWriter(trace_dir, "daemon", daemon_node(self.keypair), clock=self.clock) if trace_dir
                       else None)
         self.outbox = parts.outbox_store(files.outbox_db, policy_for(config), config["outbox"]["synchronous"],
-                                         trace=self._trace_store if self.trace else None)
+                                         trace=self._trace_store if self.trace else None, clock=self.clock.ms)
         # §4.11 at every worker start, not only the master's: gunicorn starts a new worker after one is SIGKILLed,
         # and the rows the dead worker had in flight must go back to pending (a no-op after preflight's own pass).
         # req: REC-WORKER-RESTART, REC-NO-LOSS -- a replacement worker recovers what its predecessor had in flight
         recovered = self.outbox.recover(self.clock.ms())
         if recovered:
             log.warning("crash recovery: %d inflight row(s) of a previous worker returned to pending", len(recovered))
-        self.inbox, _ = parts.inbox_store.open_or_quarantine(files.inbox_db)
+        self.inbox, _ = parts.inbox_store.open_or_quarantine(files.inbox_db, clock=self.clock.ms)
         self.bus = parts.event_bus(self.inbox, int(config["ipc"]["max_streams"]), float(config["ipc"]["keepalive_s"]),
-                                   trace=self.trace)
+                                   trace=self.trace, clock=self.clock)
         self.metrics = DaemonMetrics(self.outbox)
         self.link = parts.broker_link(config=config.values, keypair=self.keypair, outbox=self.outbox,
                                       inbox=InboxReceiver(self.inbox, self.bus), publish=self.bus.publish,
@@ -308,7 +310,8 @@ def requeue(outbox: OutboxStore, outbox_id: str, new_client_message_id: str | No
     cmid = new_client_message_id or str(ULID())
     successor_id = str(ULID())
     try:
-        result = outbox.requeue(outbox_id, cmid, successor_id, (clock or WallClock()).ms(), actor=actor)
+        now_ms = clock.ms() if clock is not None else int(outbox.clock())
+        result = outbox.requeue(outbox_id, cmid, successor_id, now_ms, actor=actor)
     except OutboxRowNotFound as exc:
         raise Problem("outbox_row_not_found", f"no outbox row {outbox_id}") from exc
     # req: REQUEUE-NEW-ID-IN-USE -- 409 with the row's frozen fingerprint's prefix (E-29)

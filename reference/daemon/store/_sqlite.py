@@ -27,12 +27,13 @@ import os
 import re
 import sqlite3
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from reference.clock import wall_ms
 
 log = logging.getLogger("meshd.store")
 
@@ -114,10 +115,6 @@ def _statements(sql: str) -> Iterator[str]:
         raise MigrationError(f"unterminated statement at the end of a migration: {rest[:80]!r}")
 
 
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 def schema_version(conn: sqlite3.Connection) -> int:
     """The highest applied migration, 0 for a new database."""
     exists = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'").fetchone()
@@ -126,7 +123,7 @@ def schema_version(conn: sqlite3.Connection) -> int:
     return int(conn.execute("SELECT coalesce(max(version), 0) FROM schema_version").fetchone()[0])
 
 
-def _migrate(conn: sqlite3.Connection, database: str, path: Path) -> int:
+def _migrate(conn: sqlite3.Connection, database: str, path: Path, now_ms: int) -> int:
     """Bring ``conn`` to the newest schema in one ``BEGIN IMMEDIATE`` transaction; returns the version."""
     steps = migrations(database)
     known = steps[-1].version if steps else 0
@@ -150,7 +147,7 @@ def _migrate(conn: sqlite3.Connection, database: str, path: Path) -> int:
                     raise MigrationError(f"{path}: migration {step.version:04d}_{step.name} failed: {exc}") from exc
                 conn.execute(
                     "INSERT INTO schema_version (version, name, applied_at) VALUES (?, ?, ?)",
-                    (step.version, step.name, _now_ms()),
+                    (step.version, step.name, now_ms),
                 )
         conn.execute("COMMIT")
     except BaseException:
@@ -164,13 +161,18 @@ def _migrate(conn: sqlite3.Connection, database: str, path: Path) -> int:
 
 
 class SqliteStore:
-    """One SQLite file: a locked writer connection, a pool of reader connections, migrations on open."""
+    """One SQLite file: a locked writer connection, a pool of reader connections, migrations on open.
+
+    ``clock`` (unix ms) stamps what the store writes on its own: applied migrations, the store's own rows' times.
+    """
 
     DATABASE = ""
     _MAX_IDLE_READERS = 8
     trace: Callable[[Any], None] | None = None
 
-    def __init__(self, path: str | os.PathLike[str], *, synchronous: str = "FULL", busy_timeout_ms: int = 5_000):
+    def __init__(self, path: str | os.PathLike[str], *, synchronous: str = "FULL", busy_timeout_ms: int = 5_000,
+                 clock: Callable[[], int] = wall_ms):
+        self.clock = clock
         if sqlite3.sqlite_version_info < _MIN_SQLITE:
             raise StoreError(f"SQLite {sqlite3.sqlite_version} is too old; meshd needs 3.35 or newer (RETURNING)")
         if str(path) == ":memory:" or str(path).startswith("file:"):
@@ -201,7 +203,7 @@ class SqliteStore:
             mode_set = writer.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if str(mode_set).lower() != "wal":
                 raise StoreError(f"{self.path}: cannot switch to WAL (journal_mode is {mode_set})")
-            self.schema_version = _migrate(writer, self.DATABASE, self.path)
+            self.schema_version = _migrate(writer, self.DATABASE, self.path, int(self.clock()))
             self._writer = writer
         except BaseException as exc:
             if writer is not None:

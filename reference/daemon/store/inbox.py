@@ -12,10 +12,11 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from reference.clock import wall_ms
 from reference.state_dir import quarantine_path
 
 from ._cursor import decode_cursor, encode_cursor
-from ._sqlite import SqliteStore, StoreError, _now_ms, log
+from ._sqlite import SqliteStore, StoreError, log
 
 
 class InboxCorrupt(StoreError):
@@ -147,7 +148,7 @@ class InboxStore(SqliteStore):
     Args:
         path: the database file (created 0600 when missing).
         synchronous: SQLite ``synchronous``; ``FULL`` by default (the row must survive before ``client_ack``).
-        clock: unix-ms clock for event timestamps.
+        clock: unix-ms clock for event timestamps, the E-45 floor and a quarantined file's name.
 
     Raises:
         InboxCorrupt: the file is not a database or is malformed (see ``open_or_quarantine``).
@@ -157,9 +158,8 @@ class InboxStore(SqliteStore):
     DATABASE = "inbox"
 
     def __init__(self, path: str | os.PathLike[str], synchronous: str = "FULL", *, busy_timeout_ms: int = 5_000,
-                 clock: Callable[[], int] = _now_ms):
-        self.clock = clock
-        super().__init__(path, synchronous=synchronous, busy_timeout_ms=busy_timeout_ms)
+                 clock: Callable[[], int] = wall_ms):
+        super().__init__(path, synchronous=synchronous, busy_timeout_ms=busy_timeout_ms, clock=clock)
 
     def _corrupt(self, detail: str) -> StoreError:
         return InboxCorrupt(self.path, detail)
@@ -196,7 +196,7 @@ class InboxStore(SqliteStore):
             except InboxCorrupt:
                 store.close()
         # req: REC-INBOX-QUARANTINE -- renamed inbox.db.corrupt-<ts> and recreated
-        quarantined = _quarantine(path)
+        quarantined = _quarantine(path, int(options.get("clock", wall_ms)()))
         fresh = cls(path, **options)
         fresh._number_above_clock()
         return fresh, quarantined
@@ -364,9 +364,8 @@ class InboxStore(SqliteStore):
         return deleted
 
 
-def _quarantine(path: Path) -> Path:
-    """Rename ``path`` and its WAL sidecars to ``<name>.corrupt-<unix-ms>`` (a fresh name, never overwriting)."""
-    stamp = _now_ms()
+def _quarantine(path: Path, stamp: int) -> Path:
+    """Rename ``path`` and its WAL sidecars to ``<name>.corrupt-<stamp>`` (unix ms; a fresh name, never overwriting)."""
     while True:
         target = quarantine_path(path, stamp)
         if not any(Path(f"{target}{suffix}").exists() for suffix in ("", "-wal", "-shm")):

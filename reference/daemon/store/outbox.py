@@ -19,6 +19,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from reference.clock import wall_ms
 from reference.core import (
     IpcDecision,
     OutboxEvent,
@@ -168,6 +169,7 @@ class OutboxStore(SqliteStore):
         synchronous: SQLite ``synchronous``; ``FULL`` (the default) fsyncs every commit.
         trace: called after each commit with every ``IpcDecision`` and ``Transition`` (also ignore/reject ones);
             its exceptions are logged, never raised.
+        clock: unix-ms clock for the times the store writes on its own (applied migrations).
 
     Raises:
         OutboxCorrupt: the file is not a database or is malformed.
@@ -177,10 +179,10 @@ class OutboxStore(SqliteStore):
     DATABASE = "outbox"
 
     def __init__(self, path: str | os.PathLike[str], policy: OutboxPolicy, synchronous: str = "FULL", *,
-                 busy_timeout_ms: int = 5_000, trace: TraceHook | None = None):
+                 busy_timeout_ms: int = 5_000, trace: TraceHook | None = None, clock: Callable[[], int] = wall_ms):
         self.policy = policy
         self.trace = trace
-        super().__init__(path, synchronous=synchronous, busy_timeout_ms=busy_timeout_ms)
+        super().__init__(path, synchronous=synchronous, busy_timeout_ms=busy_timeout_ms, clock=clock)
 
     def _corrupt(self, detail: str) -> StoreError:
         return OutboxCorrupt(self.path, detail)

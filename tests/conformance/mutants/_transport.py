@@ -289,9 +289,9 @@ def _unix_socket_0644():
 def _host_mismatch_accepted():
     from reference.daemon import identity
 
-    def check_host(state_dir, host_id_override="", mac_override=""):
+    def check_host(state_dir, host_id_override="", mac_override="", **options):
         try:
-            return identity.check_host(state_dir, host_id_override, mac_override)
+            return identity.check_host(state_dir, host_id_override, mac_override, **options)
         except identity.HostMismatch as exc:
             logging.getLogger("meshd").warning("%s (continuing anyway)", exc)
             current = identity.host_fingerprint(identity.read_host_id(host_id_override),
