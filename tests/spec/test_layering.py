@@ -18,8 +18,10 @@ from pathlib import Path
 import pytest
 
 import spec as spec_pkg
+from reference import core
 from reference.cli import SPEC_TOOLS
 from reference.cli import main as meshd
+from spec.tools.implementation import Core
 
 REPO = spec_pkg.SPEC_DIR.parent
 CHECKED = ("spec", "reference", "conformance", "spark_checks")
@@ -185,3 +187,9 @@ def test_meshd_spec_dispatches_every_tool(tool, capsys):
         status = exited.code
     assert status == 0
     assert capsys.readouterr().out.startswith(f"usage: meshd spec {tool} ")
+
+
+def test_reference_core_offers_every_name_the_spec_tools_call():
+    names = set(Core.__annotations__) | {name for name in vars(Core) if not name.startswith("_")}
+    assert len(names) == 19
+    assert sorted(name for name in names if not hasattr(core, name)) == []
