@@ -59,5 +59,5 @@ def test_the_exit_record_and_a_quarantined_inbox_use_the_layout(tmp_path):
     files.inbox_db.write_bytes(b"not a database" * 100)
     store, quarantined = InboxStore.open_or_quarantine(files.inbox_db, clock=lambda: 1_700_000_000_000)
     store.close()
-    assert quarantined is not None and quarantined.name.startswith("inbox.db.corrupt-")
-    assert quarantined == quarantine_path(files.inbox_db, int(quarantined.name.rsplit("-", 1)[1]))
+    assert quarantined == quarantine_path(files.inbox_db, 1_700_000_000_000)
+    assert quarantined == tmp_path / "inbox.db.corrupt-1700000000000"

@@ -14,10 +14,16 @@ class InvalidCursor(StoreError, ValueError):
 
 
 def encode_cursor(text: str) -> str:
+    """The opaque cursor for ``text`` (a listing's versioned position, e.g. ``i1:<seq>``)."""
     return base64.urlsafe_b64encode(text.encode("utf-8")).decode("ascii").rstrip("=")
 
 
 def decode_cursor(cursor: str, pattern: re.Pattern[str]) -> re.Match[str]:
+    """The position ``cursor`` names, matched against the listing's ``pattern``.
+
+    Raises:
+        InvalidCursor: not base64 of UTF-8 text that ``pattern`` matches (a forged cursor or another listing's).
+    """
     if not isinstance(cursor, str) or not cursor or len(cursor) > 512:
         raise InvalidCursor("invalid cursor")
     try:

@@ -215,7 +215,9 @@ class SqliteStore:
     def _corrupt(self, detail: str) -> StoreError:
         """The typed error for a file that is not a database or is malformed."""
         return StoreError(f"{self.path}: {detail}")
+
     def _connect(self) -> sqlite3.Connection:
+        """A new connection with this store's pragmas (``busy_timeout``, ``synchronous``, foreign keys)."""
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
                                timeout=self.busy_timeout_ms / 1000)
         conn.execute(f"PRAGMA busy_timeout = {self.busy_timeout_ms}")
