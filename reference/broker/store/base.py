@@ -10,19 +10,14 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from typing import Any
+
+from reference.clock import rfc3339_ms as rfc3339_ms  # the broker writes times as the daemon does
 
 #: The §4.7.1 in-transaction effects, in the order AcceptResult.effects lists them.
 EFFECTS = ("dedupe", "message", "history", "delivery")
 DEDUPE_MODES = ("retention_scoped", "permanent")
 DAY_MS = 86_400_000
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-def rfc3339_ms(unix_ms: int) -> str:
-    """``unix_ms`` as RFC 3339 UTC with milliseconds (``2026-05-03T12:00:00.000Z``)."""
-    return (_EPOCH + timedelta(milliseconds=unix_ms)).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _no_wait(request: AcceptRequest) -> int | None:
