@@ -22,7 +22,7 @@ import websocket
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from reference.core import FingerprintInput, parse_destination, request_fingerprint
+from reference.core import ENVELOPE_VERSION, FingerprintInput, parse_destination, request_fingerprint
 
 REQUIRE = ["client_message_id_dedupe", "concurrent_connection_policy"]
 OPTIONAL = ["member_keypair_rotated_event", "key_epoch", "max_payload"]
@@ -42,7 +42,7 @@ def send_frame(cmid: str, to: str, body: str, priority: str = "next", meta: dict
                claimed: str | None = None) -> dict[str, Any]:
     """A valid send frame for ``to`` (E-18 grammar); ``claimed`` overrides the request_fingerprint member."""
     destination = parse_destination(to)
-    frame = {"type": "send", "id": cmid, "client_message_id": cmid, "envelope_version": "1",
+    frame = {"type": "send", "id": cmid, "client_message_id": cmid, "envelope_version": ENVELOPE_VERSION,
              "destination_kind": destination.kind, "destination_ref": destination.ref, "priority": priority,
              "reply_to_id": "", "meta": meta, "body": body, "targetSpec": to}
     frame["request_fingerprint"] = claimed or fingerprint_of(frame)

@@ -47,7 +47,7 @@ from ulid import ULID
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.server import Server, ServerConnection, serve
 
-from reference.core import fingerprint_prefix, settle
+from reference.core import close_code, fingerprint_prefix, settle
 from spec import validator
 
 from . import wire
@@ -453,7 +453,7 @@ class ScriptedBroker:
         hello = self._parse(conn_id, ws.recv(timeout=self.config.hello_wait_s))
         link = self.links[conn_id]
         if not hello or hello.get("type") != "hello":
-            ws.close(4005, "protocol_error")
+            ws.close(close_code("protocol_error"), "protocol_error")
             return False
         link.hello = hello
         link.hello_errors = [e.message for e in self._hello_check.iter_errors(hello)]
@@ -461,11 +461,11 @@ class ScriptedBroker:
         self.hellos.append(hello)
         if not all(isinstance(hello.get(k), str | int) for k in ("meshId", "memberId", "pubkey", "timestamp",
                                                                     "signature")):
-            ws.close(4005, "protocol_error")
+            ws.close(close_code("protocol_error"), "protocol_error")
             return False
         link.signature_ok = _signature_ok(hello)
         if self.config.verify_signatures and not link.signature_ok:
-            ws.close(4001, "unauthorized")
+            ws.close(close_code("unauthorized"), "unauthorized")
             return False
         self._send(ws, conn_id, {"type": "hello_ack", "memberId": hello["memberId"], "meshId": hello["meshId"],
                                  "sessionId": f"session-{conn_id}", "brokerVersion": self.config.broker_version,

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from reference.core import FingerprintInput
+from reference.core import ENVELOPE_VERSION, FingerprintInput
 
 
 @dataclass
@@ -58,7 +58,7 @@ def send_seen(frame: dict[str, Any]) -> SendSeen:
             destination_ref=str(frame.get("destination_ref", "")),
             reply_to_id=str(frame.get("reply_to_id") or ""), priority=str(frame.get("priority", "next")),
             meta=meta if isinstance(meta, dict) or meta is None else {"<not an object>": repr(meta)},
-            body=str(frame.get("body", "")), envelope_version=str(frame.get("envelope_version", "1")))
+            body=str(frame.get("body", "")), envelope_version=str(frame.get("envelope_version", ENVELOPE_VERSION)))
     elif body is None and isinstance(frame.get("ciphertext"), str):
         body = decode_base64_text(frame["ciphertext"])
     return SendSeen(cmid, claimed, fields, body, frame)

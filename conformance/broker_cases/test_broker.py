@@ -41,7 +41,7 @@ from conformance.broker_cases._support import (
 from conformance.member import fingerprint_of, send_frame
 from conformance.registry import case
 from conformance.store_inventory import dedupe_row, message_count
-from reference.core import negotiate
+from reference.core import close_code, negotiate
 from spec import load_table, validator
 
 #: broker_fingerprint_prefix's shape, as the spec's schemas define it: the first 8 bytes of a fingerprint in hex
@@ -77,8 +77,9 @@ def test_hello_is_verified(member, verdict):
         forged = member(name="forged")
         forged.open(hello=forge(forged, honest.broker_now_ms()))
         outcome = _outcome(forged)
-        verdict.expect("BRK-HELLO-AUTH", outcome == "closed 4001", f"a hello with {what} was {outcome}, not closed "
-                                                                    "4001 unauthorized (E-22)")
+        refused = f"closed {close_code('unauthorized')}"
+        verdict.expect("BRK-HELLO-AUTH", outcome == refused, f"a hello with {what} was {outcome}, not {refused} "
+                                                             "unauthorized (E-22)")
 
 
 @case("broker.hello.skew", "BRK-HELLO-AUTH")
@@ -91,8 +92,9 @@ def test_hello_timestamp_window(member, verdict):
     margin_ms = 2_000 + clock.clock_uncertainty_ms
     where = (f"the broker's clock (hello_ack.serverTime, ±{clock.clock_uncertainty_ms:.0f} ms)"
              if clock.clock_uncertainty_ms < 1_000 else "our clock (the broker sent no serverTime)")
+    expired = f"closed {close_code('hello_expired')}"
     rows = [(sign * (HELLO_SKEW_S * 1000 + inside * margin_ms), expected)
-            for sign in (-1, 1) for inside, expected in ((1, "closed 4002"), (-1, "accepted"))]
+            for sign in (-1, 1) for inside, expected in ((1, expired), (-1, "accepted"))]
     for offset_ms, expected in rows:
         peer = member(name="skewed")
         peer.open(hello=peer.hello(timestamp_ms=int(clock.broker_now_ms() + offset_ms)), negotiate=False)
@@ -125,7 +127,7 @@ def test_frames_out_of_order_or_unparsable_close_4005(member, verdict):
         outcome = peer.close_code_within(CLOSE_S)
         accepted = [a for a in peer.acks(frame["client_message_id"]) if a.get("status") in (200, 201)] if (
             isinstance(frame, dict) and frame.get("type") == "send") else []
-        verdict.expect("BRK-PROTOCOL-ERROR", outcome == 4005 and not accepted,
+        verdict.expect("BRK-PROTOCOL-ERROR", outcome == close_code("protocol_error") and not accepted,
                        f"after {what} the connection was {'closed ' if outcome != 'open' else 'left '}{outcome}"
                        f"{', and the send was accepted' if accepted else ''}; expected a 4005 protocol_error close")
 
@@ -202,7 +204,7 @@ def test_frames_past_the_json_limits(member, verdict):
     deep = join(member, verdict, requirements, name="too-deep")
     deep.send('{"type":"send","meta":' + '{"a":' * 100_000 + "1" + "}" * 100_000 + "}")
     outcome = deep.close_code_within(CLOSE_S)
-    verdict.expect("BRK-FRAME-LIMITS", outcome == 4005,
+    verdict.expect("BRK-FRAME-LIMITS", outcome == close_code("protocol_error"),
                    f"a frame nested 100001 levels deep was followed by {outcome!r}, not a 4005 protocol_error close")
     then_served("a frame too deep to parse")
 

@@ -19,9 +19,12 @@ from typing import Any
 import httpx
 
 from conformance.wire import json_object
+from reference.core import exit_code
+from spec import load_table
 
 _counter = itertools.count()
-TERMINAL = frozenset({"done", "dead", "aborted"})
+#: the outbox states no event leaves (spec/tables/outbox.yaml, ``terminal``)
+TERMINAL = frozenset(name for name, state in load_table("outbox")["states"].items() if state["terminal"])
 MAX_PAGES = 50
 # The destination every behaviour case sends to: a DM to a 64-hex member key. It is the one `to` every grammar in
 # the claudemesh family maps to the same (dm, <that key>) — meshspec's E-18 and upstream's "anything else is a DM"
@@ -37,6 +40,13 @@ def unique(prefix: str) -> str:
     """A client_message_id no other case uses in this run (letters, digits and dashes only)."""
     clean = "".join(c if c.isalnum() else "-" for c in prefix)[:40]
     return f"mc-{clean}-{int(time.time() * 1000) % 10**9}-{next(_counter)}"
+
+
+def expect_exit(verdict: Any, code: int | None, name: str, what: str) -> None:
+    """LIFE-EXIT-CODES: after ``what`` the daemon exited ``code``, which E-15 names ``name``
+    (spec/tables/exit_codes.yaml)."""
+    wanted = exit_code(name)
+    verdict.expect("LIFE-EXIT-CODES", code == wanted, f"{what} exited {code}, E-15 says {wanted} ({name})")
 
 
 def post_send(api: Any, body: dict[str, Any], key: str | None = None, **kwargs: Any) -> httpx.Response:

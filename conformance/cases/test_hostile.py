@@ -23,6 +23,7 @@ import pytest
 from conformance.cases._support import (
     BODY,
     EventStream,
+    expect_exit,
     inbox_items,
     parse_responses,
     post_send,
@@ -390,4 +391,4 @@ def test_an_unusable_outbox_is_refused_cleanly(launcher, verdict):
                        f"with outbox.db a directory the daemon {'kept running' if code is None else f'exited {code}'}"
                        + (" after a traceback" if "Traceback" in tail else ""))
         if code not in (None, 0):
-            verdict.expect("LIFE-EXIT-CODES", code == 5, f"an unusable outbox.db exited {code}, E-15 says 5")
+            expect_exit(verdict, code, "outbox_integrity_failed", "an unusable outbox.db")

@@ -20,14 +20,30 @@ import time
 import httpx
 import pytest
 
-from conformance.cases._support import BODY, OTHER, inbox_items, outbox_rows, post_send, row_for, unique, wait_row
+from conformance.cases._support import (
+    BODY,
+    OTHER,
+    expect_exit,
+    inbox_items,
+    outbox_rows,
+    post_send,
+    row_for,
+    unique,
+    wait_row,
+)
 from conformance.launch import Launched, LaunchError
 from conformance.peer import ACCEPT_SILENTLY, CREATED, PeerConfig, ScriptedBroker, fail, reject
 from conformance.registry import case
 from conformance.verdict import TARGET_FAILURES
 from conformance.wire import json_object, send_seen
+from reference.core import close_code
+from spec import load_table
 
 HEX64 = re.compile(r"[0-9a-f]{64}")
+FEATURE_UNAVAILABLE = close_code("feature_unavailable")
+#: how long a 4010 close reason may be (spec/tables/close_codes.yaml: RFC 6455's 123 bytes, E-07)
+REASON_MAX_BYTES = next(entry["reason_max_bytes"] for entry in load_table("close_codes")["codes"]
+                        if entry["code"] == FEATURE_UNAVAILABLE)
 
 
 def _close_reason(text: str) -> dict:
@@ -182,7 +198,7 @@ def test_second_daemon_on_one_state_dir_refuses(launcher, verdict):
             second.kill9()
         verdict.expect("LIFE-SINGLETON", code not in (None, 0), f"the second daemon exited {code} "
                                                                  "(None: it kept running)")
-        verdict.expect("LIFE-EXIT-CODES", code == 6, f"the second daemon exited {code}, E-15 says 6")
+        expect_exit(verdict, code, "state_dir_locked", "the second daemon")
         with verdict.check("LIFE-SINGLETON"), instance.unix() as client:
             assert client.get("/v1/health").status_code == 200, "the first daemon stopped answering"
     finally:
@@ -226,7 +242,7 @@ def test_corrupt_outbox_refuses_to_start(launcher, verdict):
             instance.kill9()
         verdict.expect("REC-OUTBOX-INTEGRITY", code not in (None, 0),
                        f"with a corrupt outbox.db the daemon {'kept running' if code is None else f'exited {code}'}")
-        verdict.expect("LIFE-EXIT-CODES", code == 5, f"a corrupt outbox.db exited {code}, E-15 says 5")
+        expect_exit(verdict, code, "outbox_integrity_failed", "a corrupt outbox.db")
     finally:
         peer.stop()
 
@@ -322,7 +338,7 @@ def test_host_fingerprint_frozen_and_checked(launcher, verdict):
             instance.kill9()
         verdict.expect("ID-MISMATCH-REFUSE", code not in (None, 0),
                        f"a fingerprint from another host {'was accepted' if code is None else f'exited {code}'}")
-        verdict.expect("LIFE-EXIT-CODES", code == 4, f"a host fingerprint mismatch exited {code}, E-15 says 4")
+        expect_exit(verdict, code, "host_fingerprint_mismatch", "a host fingerprint mismatch")
     finally:
         peer.stop()
 
@@ -392,11 +408,11 @@ def test_bad_negotiation_closes_4010(launcher, verdict, name, spoil, kind, requi
         except TimeoutError:
             closed = None
         with verdict.check("NEG-CLOSE-4010"):
-            assert closed is not None and closed.code == 4010, f"the daemon closed with {closed}"
+            assert closed is not None and closed.code == FEATURE_UNAVAILABLE, f"the daemon closed with {closed}"
             assert instance.wait_exit(timeout=30) != 0, "the daemon exited 0"
-        verdict.expect(requirement, closed is not None and closed.code == 4010,
+        verdict.expect(requirement, closed is not None and closed.code == FEATURE_UNAVAILABLE,
                        f"a broker whose {feature} is {name} was not refused (close {closed})")
-        if closed is not None and closed.code == 4010:
+        if closed is not None and closed.code == FEATURE_UNAVAILABLE:
             reason = _close_reason(closed.reason)
             with verdict.check("NEG-CLOSE-REASON-SHAPE"):
                 assert isinstance(reason, dict) and {"kind", "feature"} <= set(reason) <= \
@@ -408,14 +424,13 @@ def test_bad_negotiation_closes_4010(launcher, verdict, name, spoil, kind, requi
                 verdict.expect("NEG-PARAM-KINDS", reason.get("kind") == kind,
                                f"close_reason kind {reason.get('kind')!r}, E-06: {kind}")
             with verdict.check("NEG-CLOSE-REASON-FIT"):
-                assert len(closed.reason.encode("utf-8")) <= 123, f"{len(closed.reason.encode())} bytes"
+                assert len(closed.reason.encode("utf-8")) <= REASON_MAX_BYTES, f"{len(closed.reason.encode())} bytes"
                 bare = json.loads(closed.reason)
                 assert isinstance(bare, dict) and "close_reason" not in bare, \
                     f"the reason is not the bare compact object: {closed.reason!r}"
         verdict.expect(requirement, not peer.received("send"), "the daemon dispatched a send before negotiating")
         if instance.process is not None and instance.process.poll() is not None:
-            verdict.expect("LIFE-EXIT-CODES", instance.process.returncode == 10,
-                           f"a failed negotiation exited {instance.process.returncode}, E-15 says 10")
+            expect_exit(verdict, instance.process.returncode, "feature_negotiation_failed", "a failed negotiation")
 
 
 @case("negotiation.optional_invalid", "NEG-OPTIONAL-INVALID")
@@ -436,7 +451,8 @@ def test_invalid_optional_feature_is_ignored(launcher, verdict):
         with instance.unix() as client, verdict.check("NEG-OPTIONAL-INVALID"):
             assert post_send(client, BODY, cmid).status_code == 202
             wait_row(client, cmid, "done", timeout=launcher.timing.settle_s())
-            assert not [c for c in peer.closes if c.code == 4010], "the daemon closed 4010 over an optional bit"
+            assert not [c for c in peer.closes if c.code == FEATURE_UNAVAILABLE], \
+                "the daemon closed 4010 over an optional bit"
 
 
 @case("negotiation.order", "NEG-ORDER")

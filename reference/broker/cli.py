@@ -2,8 +2,8 @@
 
 Every command opens the store named by ``--store`` (``sqlite:///PATH``, the embedded default, or ``postgresql://…``;
 ``$MESHD_BROKER_STORE`` sets the default) and applies its pending migrations first (under the engine's lock, so
-several processes may start at once). Exit codes: 0 done, 1 failure (orphan-check: at least one violation), 2 usage,
-3 invalid configuration.
+several processes may start at once). Exit codes (spec/tables/exit_codes.yaml): 0 done, 1 failure (orphan-check: at
+least one violation), 2 usage, 3 invalid configuration.
 """
 
 from __future__ import annotations
@@ -21,7 +21,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CONFIG = 0, 1, 2, 3
+from reference.core.codes import exit_code
+
+#: E-15 (spec/tables/exit_codes.yaml): the broker's exit codes, with the daemon's meanings
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CONFIG = map(exit_code, ("ok", "error", "usage", "invalid_config"))
 DEFAULT_STORE = "sqlite:///broker.db"
 PUBKEY = re.compile(r"^[0-9a-f]{64}$")
 DEV_BANNER = (

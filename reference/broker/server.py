@@ -60,9 +60,10 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.server import Server, ServerConnection, serve
 
 from reference.core import broker_accept
+from reference.core.codes import close_codes
 from reference.core.limits import LimitExceeded, Unparsable, limit, loads
 from reference.trace import TraceWriter, schema_check
-from spec import load_table, schema
+from spec import schema
 
 from ._delivery import BATCH, Dispatcher, push_frame
 from ._presence import PROFILE_FIELDS, Presence, Session
@@ -74,7 +75,7 @@ from .store import EFFECTS, AcceptChecks, AcceptRequest, AcceptResult, BrokerSto
 log = logging.getLogger("meshbroker")
 
 #: close-code name -> code, from spec/tables/close_codes.yaml (the broker sends 4001-4005)
-CLOSE = {entry["name"]: int(entry["code"]) for entry in load_table("close_codes")["codes"]}
+CLOSE = close_codes()
 #: table row -> phase, for the accept_decision trace (spec/tables/broker_accept.yaml)
 PHASE = {row.id: row.then["phase"] for row in broker_accept.table().rows}
 #: the frames a daemon may send, by type (spec/schemas/broker/frame.json#/$defs/daemon_to_broker)

@@ -6,7 +6,9 @@ perform the effects the core hands back.
 
 from spec.decision import AmbiguousRow, DecisionTable, NoRow, Row, TableError, UnknownInput
 
+from .ack import AckEvent, ack_event
 from .broker_accept import Settled, settle
+from .codes import close_code, exit_code
 from .destination import Destination, DestinationError, parse_destination
 from .features import CloseReason, Negotiation, negotiate
 from .fingerprint import (
@@ -39,6 +41,7 @@ from .request import RequestError, SendRequest, is_client_message_id, parse_send
 __all__ = [
     "ENVELOPE_VERSION",
     "KNOWN_EFFECTS",
+    "AckEvent",
     "AmbiguousRow",
     "CloseReason",
     "DecisionTable",
@@ -63,12 +66,15 @@ __all__ = [
     "TransitionError",
     "UnknownInput",
     "accepted",
+    "ack_event",
     "apply",
     "backoff_ms",
     "body_hash",
     "canonical_preimage",
+    "close_code",
     "decide_send",
     "derive",
+    "exit_code",
     "fingerprint_prefix",
     "is_client_message_id",
     "is_expired",

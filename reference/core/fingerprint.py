@@ -15,7 +15,10 @@ from typing import Any
 
 import rfc8785
 
-ENVELOPE_VERSION = "1"
+from spec import schema
+
+#: the one envelope version of v0.9.0: the ``const`` of spec/schemas/broker/send.json
+ENVELOPE_VERSION: str = schema("broker/send")["properties"]["envelope_version"]["const"]
 SEPARATOR = b"\x00"
 
 

@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from reference.clock import WallClock, rfc3339_ms
+from reference.core.codes import exit_code
 from reference.state_dir import StateDir
 
 from . import client, identity, logs
@@ -30,6 +31,8 @@ from .config import Config, ConfigError, load
 if TYPE_CHECKING:
     from .runtime import Components
 
+#: E-15 (spec/tables/exit_codes.yaml): every command exits with these; ``up`` also with the daemon's refusals
+EXIT_OK, EXIT_ERROR, EXIT_USAGE = exit_code("ok"), exit_code("error"), exit_code("usage")
 CI_VARIABLES = ("CI", "GITHUB_ACTIONS", "GITLAB_CI", "BUILDKITE", "CIRCLECI", "JENKINS_URL")
 console = Console()
 err = Console(stderr=True, soft_wrap=True)  # one line per message: a long path is never broken
@@ -86,11 +89,11 @@ def cmd_up(args: argparse.Namespace, components: Components | None = None) -> in
         config = current()
     except ConfigError as exc:
         err.print(f"meshd: invalid configuration: {exc}")
-        return 3
+        return exit_code("invalid_config")
     if args.detach:
         if components is not None:
             err.print("meshd: --detach starts the stock daemon; it cannot carry replaced components")
-            return 2
+            return EXIT_USAGE
         return _detach(args, state_dir)
     logs.configure(config["daemon"]["log_level"])
     # req: LIFE-EXIT-CODES, LIFE-STATE-REFUSED -- a refusal is its exit code and one line, never a traceback
@@ -102,7 +105,7 @@ def cmd_up(args: argparse.Namespace, components: Components | None = None) -> in
         return exc.code
     except Exception as exc:  # never a traceback for a state directory meshd cannot use (E-15, E-44)
         err.print(f"meshd: cannot start in {state_dir}: {type(exc).__name__}: {exc}")
-        return 1
+        return EXIT_ERROR
     if getattr(args, "target_file", None) is not None:
         write_target_description(args.target_file, config)
     trace_dir = Path(config["trace"]["dir"]) if config["trace"]["dir"] else None
@@ -150,16 +153,16 @@ def _detach(args: argparse.Namespace, state_dir: Path) -> int:
     while time.monotonic() < deadline:
         if process.poll() is not None:
             err.print(f"meshd: the daemon exited with {process.returncode}; see {files.log}")
-            return process.returncode or 1
+            return process.returncode or EXIT_ERROR
         if client.is_running(state_dir):
             console.print(f"meshd running (pid {process.pid})\n  socket  {files.socket}")
             if files.http_port.exists():
                 port = files.http_port.read_text().strip()
                 console.print(f"  tcp     127.0.0.1:{port}\n  token   {files.local_token}")
-            return 0
+            return EXIT_OK
         time.sleep(0.1)
     err.print("meshd: the daemon did not answer within 20 s")
-    return 1
+    return EXIT_ERROR
 
 
 def _pid(state_dir: Path) -> int | None:
@@ -177,7 +180,7 @@ def cmd_down(args: argparse.Namespace) -> int:
     pid = _pid(state_dir)
     if pid is None:
         err.print("meshd: no daemon is running in " + str(state_dir))
-        return 1
+        return EXIT_ERROR
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + args.timeout
     while time.monotonic() < deadline:
@@ -185,10 +188,10 @@ def cmd_down(args: argparse.Namespace) -> int:
             os.kill(pid, 0)
         except OSError:
             console.print(f"meshd stopped (pid {pid})")
-            return 0
+            return EXIT_OK
         time.sleep(0.05)
     err.print(f"meshd: pid {pid} did not stop within {args.timeout:g} s")
-    return 1
+    return EXIT_ERROR
 
 
 def _get(state_dir: Path, path: str, **params: Any) -> dict[str, Any]:
@@ -204,7 +207,7 @@ def _problem(response: httpx.Response) -> int:
         err.print(f"meshd: {response.status_code} {body.get('error')}: {body.get('detail')}")
     except ValueError:
         err.print(f"meshd: HTTP {response.status_code}")
-    return 1
+    return EXIT_ERROR
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -214,18 +217,18 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(json.dumps({"running": False, "state_dir": str(state_dir)}))
         else:
             err.print(f"meshd: not running ({state_dir})")
-        return 1
+        return EXIT_ERROR
     health = _get(state_dir, "/v1/health")
     if args.json:
         print(json.dumps({"running": True, **health}))
-        return 0
+        return EXIT_OK
     table = Table(title=f"meshd {health['daemon_version']} — {state_dir}")
     table.add_column("")
     table.add_column("")
     for key in ("connected", "mesh", "member_pubkey", "queue_depth", "inflight", "uptime_s", "broker_version", "pid"):
         table.add_row(key, str(health.get(key)))
     console.print(table)
-    return 0
+    return EXIT_OK
 
 
 def cmd_version(args: argparse.Namespace) -> int:
@@ -236,7 +239,7 @@ def cmd_version(args: argparse.Namespace) -> int:
     if client.is_running(state_dir):
         info["daemon"] = _get(state_dir, "/v1/version")
     print(json.dumps(info, indent=None if args.json else 2))
-    return 0
+    return EXIT_OK
 
 
 def cmd_accept_host(args: argparse.Namespace) -> int:
@@ -246,7 +249,7 @@ def cmd_accept_host(args: argparse.Namespace) -> int:
                                        config["identity"]["stable_mac_override"],
                                        clock=WallClock(config["daemon"]["clock_file"]))
     console.print(f"host fingerprint re-pinned: {fingerprint[:16]} (keypair kept)")
-    return 0
+    return EXIT_OK
 
 
 OUTBOX_FILTERS = {"failed": "dead", "pending": "pending", "inflight": "inflight", "done": "done", "aborted": "aborted"}
@@ -268,7 +271,7 @@ def cmd_outbox_list(args: argparse.Namespace) -> int:
     status = next((OUTBOX_FILTERS[name] for name in OUTBOX_FILTERS if getattr(args, name)), None)
     if not StateDir(state_dir).outbox_db.exists():
         err.print(f"meshd: no outbox in {state_dir}")
-        return 1
+        return EXIT_ERROR
     store = _outbox_store(state_dir)
     try:
         rows, _ = store.list(status=status, limit=args.limit)
@@ -277,7 +280,7 @@ def cmd_outbox_list(args: argparse.Namespace) -> int:
     items = [outbox_item(row) for row in rows]
     if args.json:
         print(json.dumps(items, indent=2))
-        return 0
+        return EXIT_OK
     table = Table(title=f"outbox ({status or 'all'})")
     for column in ("id", "client_message_id", "status", "attempts", "enqueued_at", "last_error", "superseded_by"):
         table.add_column(column)
@@ -285,7 +288,7 @@ def cmd_outbox_list(args: argparse.Namespace) -> int:
         table.add_row(*(str(item[c] if item[c] is not None else "") for c in (
             "id", "client_message_id", "status", "attempts", "enqueued_at", "last_error", "superseded_by")))
     console.print(table)
-    return 0
+    return EXIT_OK
 
 
 def cmd_inbox_quarantine(args: argparse.Namespace) -> int:
@@ -296,7 +299,7 @@ def cmd_inbox_quarantine(args: argparse.Namespace) -> int:
     path = StateDir(state_dir).inbox_db
     if not path.exists():
         err.print(f"meshd: no inbox in {state_dir}")
-        return 1
+        return EXIT_ERROR
     store = InboxStore(path)  # WAL: reading beside a running daemon is safe
     try:
         records = [frame.as_dict() for frame in store.quarantined(limit=args.limit)]
@@ -307,7 +310,7 @@ def cmd_inbox_quarantine(args: argparse.Namespace) -> int:
             record["frame"] = record["frame"][:2048]
     if args.json:
         print(json.dumps(records, indent=2, ensure_ascii=False))
-        return 0
+        return EXIT_OK
     table = Table(title=f"quarantined inbound frames ({len(records)} shown)")
     for column in ("id", "last_seen_at", "seen", "frame_type", "client_message_id", "acked", "frame_bytes", "reason"):
         table.add_column(column)
@@ -317,7 +320,7 @@ def cmd_inbox_quarantine(args: argparse.Namespace) -> int:
                       str(record["client_message_id"] or ""), "yes" if record["acked"] else "no",
                       str(record["frame_bytes"]), record["reason"][:200])
     console.print(table)
-    return 0
+    return EXIT_OK
 
 
 def cmd_outbox_requeue(args: argparse.Namespace) -> int:
@@ -328,7 +331,7 @@ def cmd_outbox_requeue(args: argparse.Namespace) -> int:
     row_id = args.row_id or args.id
     if not row_id:
         err.print("meshd outbox requeue: give the outbox row id")
-        return 2
+        return EXIT_USAGE
     if client.is_running(state_dir):
         body = {"id": row_id, **({"new_client_message_id": args.new_client_id} if args.new_client_id else {})}
         response = client.call(state_dir, "POST", "/v1/outbox/requeue", json=body)
@@ -341,13 +344,13 @@ def cmd_outbox_requeue(args: argparse.Namespace) -> int:
             result = requeue(store, row_id, args.new_client_id, "operator")
         except Problem as exc:
             err.print(f"meshd: {exc.code}: {exc.detail}")
-            return 1
+            return EXIT_ERROR
         finally:
             store.close()
     print(json.dumps(result) if args.json else
           f"aborted {result['aborted_row_id']}; new row {result['new_row_id']} "
           f"with client_message_id {result['new_client_message_id']}")
-    return 0
+    return EXIT_OK
 
 
 def cmd_send(args: argparse.Namespace) -> int:
@@ -362,11 +365,11 @@ def cmd_send(args: argparse.Namespace) -> int:
         response = client.call(state_dir, "POST", "/v1/send", json=body, headers=headers)
     except httpx.HTTPError as exc:
         err.print(f"meshd: cannot reach the daemon: {exc}")
-        return 1
+        return EXIT_ERROR
     if response.status_code >= 400:
         return _problem(response)
     print(json.dumps(response.json()))
-    return 0
+    return EXIT_OK
 
 
 def systemd_unit(state_dir: Path) -> str:
@@ -433,24 +436,24 @@ def cmd_install_service(args: argparse.Namespace) -> int:
     text = launchd_plist(state_dir) if kind == "launchd" else systemd_unit(state_dir)
     if args.dry_run:
         print(text, end="")
-        return 0
+        return EXIT_OK
     if any(os.environ.get(name) for name in CI_VARIABLES) and not args.force:
         err.print("meshd: refusing to install a persistent service in CI (pass --force to override)")
-        return 2
+        return EXIT_USAGE
     path = _service_path(kind)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")
     console.print(f"wrote {path}")
     if args.no_start:
-        return 0
+        return EXIT_OK
     commands = ([["launchctl", "bootstrap", f"gui/{os.getuid()}", str(path)]] if kind == "launchd" else
                 [["systemctl", "--user", "daemon-reload"], ["systemctl", "--user", "enable", "--now", "meshd.service"]])
     for command in commands:
         result = subprocess.run(command, check=False)
         if result.returncode != 0:
             err.print(f"meshd: {' '.join(command)} failed ({result.returncode})")
-            return 1
-    return 0
+            return EXIT_ERROR
+    return EXIT_OK
 
 
 def cmd_uninstall_service(args: argparse.Namespace) -> int:
@@ -463,7 +466,7 @@ def cmd_uninstall_service(args: argparse.Namespace) -> int:
     if path.exists():
         path.unlink()
         console.print(f"removed {path}")
-    return 0
+    return EXIT_OK
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:

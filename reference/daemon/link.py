@@ -1,12 +1,14 @@
 """The daemon's persistent WebSocket link to the broker (websocket-client), in one thread.
 
 Theory of operation. The thread connects, sends a signed ``hello``, waits for ``hello_ack``, then negotiates features
-(E-08) before sending anything else. A failed negotiation closes with 4010 and the structured reason (E-07) and is
-fatal (exit 10). Once open, one loop does everything, so no lock guards the socket:
+(E-08) before sending anything else. A failed negotiation closes with 4010 ``feature_unavailable`` and the
+structured reason (E-07) and is fatal (exit 10); both numbers are read by name from spec/tables/. Once open, one
+loop does everything, so no lock guards the socket:
 
 * drain: rows past their max age go ``dead``; due ``pending`` rows go ``inflight`` (the transition is committed
   before the frame is sent) and their ack deadline is armed;
-* acks: each ack's status picks the outbox event (E-10); the core's table decides what happens (E-17 for late acks);
+* acks: each ack's status picks the outbox event (E-10, spec/tables/ack_events.yaml); the outbox table decides what
+  happens (E-17 for late acks);
 * pushes: an inbound message is inserted into inbox.db with its ``message`` event in one transaction, *then*
   acknowledged with ``client_ack`` (duplicates are acknowledged too, so the broker stops redelivering);
 * timeouts: an inflight row whose ack deadline passed returns to ``pending``;
@@ -50,7 +52,9 @@ from typing import Any
 import websocket
 
 from reference.clock import now_rfc3339
-from reference.core import OutboxEvent, TransitionError, is_client_message_id, maxage, negotiate
+from reference.core import ENVELOPE_VERSION, OutboxEvent, TransitionError, is_client_message_id, maxage, negotiate
+from reference.core.ack import ack_event
+from reference.core.codes import close_code, exit_code
 from reference.core.features import CloseReason
 from reference.core.limits import LimitExceeded, Unparsable, limit, loads
 from reference.core.request import BROKER_MESSAGE_ID, load_payload
@@ -60,13 +64,8 @@ from .identity import Keypair, hello_signature_payload
 from .store import StoreError
 
 log = logging.getLogger("meshd.link")
-CLOSE_FEATURE_UNAVAILABLE = 4010
-EXIT_NEGOTIATION = 10
-EXIT_CONFIG = 3
 DISPATCH_BATCH = 256  # due rows claimed per drain transaction
 MAX_FRAMES_PER_TURN = 256  # inbound frames read before the loop drains and checks timeouts again
-#: broker ack statuses that ask for the same send again later (E-42); every other 4xx is a permanent refusal
-RETRY_LATER_STATUSES = frozenset({408, 425, 429})
 #: RFC 6455 1009: the peer closed because a message was too big for it
 CLOSE_MESSAGE_TOO_BIG = 1009
 #: bytes of a too-large inbound message kept in quarantine
@@ -150,11 +149,11 @@ class _LinkSocket(websocket.WebSocket):
 
 
 class Fatal(Exception):
-    """The daemon must stop with ``code``."""
+    """The daemon must stop with ``code``, the exit code spec/tables/exit_codes.yaml names ``exit_name``."""
 
-    def __init__(self, code: int, reason: str):
+    def __init__(self, exit_name: str, reason: str):
         super().__init__(reason)
-        self.code = code
+        self.code = exit_code(exit_name)
         self.reason = reason
 
 
@@ -172,30 +171,6 @@ class LinkState:
     restarts: int = 0  # the link failed unexpectedly and was run again (E-41)
     last_failure: str | None = None
     quarantined: int = 0  # frames in quarantine (E-41)
-
-
-def ack_event(frame: dict[str, Any]) -> tuple[str, str | None]:
-    """The outbox event for an ack frame (E-10, E-42), and the error text a dead or retried row records."""
-    status = frame.get("status")
-    if not isinstance(status, int) or isinstance(status, bool):
-        return "ack_failed", "ack without a valid status (E-10)"
-    if status == 201:
-        return "ack_created", None
-    if status == 200:
-        return ("ack_duplicate_history" if frame.get("history_available", True) else "ack_duplicate_pruned"), None
-    if status == 409:
-        detail = f"idempotency_key_reused: {frame.get('conflict')}"
-        if frame.get("broker_fingerprint_prefix"):
-            detail += f" (broker fingerprint {frame['broker_fingerprint_prefix']})"
-        return "ack_conflict", detail
-    text = f"{status} {frame.get('error', 'error')}"
-    if frame.get("detail"):
-        text += f": {frame['detail']}"
-    if status in RETRY_LATER_STATUSES:
-        return "ack_retry_later", text
-    if 400 <= status < 500:
-        return "ack_rejected", text
-    return "ack_failed", text
 
 
 class BrokerLink:
@@ -444,8 +419,9 @@ class BrokerLink:
                     json.dumps(negotiation))
         # req: NEG-CLOSE-4010, NEG-CLOSE-REASON-FIT -- then exit 10
         self.publish("feature_negotiation_failed", {**reason.as_dict(), "negotiation": negotiation, "ts": self._ts()})
-        _close_quietly(ws, CLOSE_FEATURE_UNAVAILABLE, reason.close_payload())
-        raise Fatal(EXIT_NEGOTIATION, f"feature negotiation failed: {reason.kind} {reason.feature}: {reason.detail}")
+        _close_quietly(ws, close_code("feature_unavailable"), reason.close_payload())
+        raise Fatal("feature_negotiation_failed",
+                    f"feature negotiation failed: {reason.kind} {reason.feature}: {reason.detail}")
 
     def _apply_max_age(self) -> None:
         dedupe = self.state.negotiated.get("client_message_id_dedupe", {})
@@ -456,7 +432,7 @@ class BrokerLink:
                                     outbox_cfg["max_age_hours"], override)
         except maxage.MaxAgeError as exc:
             # req: MAXAGE-OVERRIDE -- an override outside the window refuses to run (exit 3)
-            raise Fatal(EXIT_CONFIG, f"{exc.code}: {exc.detail}") from exc
+            raise Fatal("invalid_config", f"{exc.code}: {exc.detail}") from exc
         self.state.max_age_hours = derived.hours
         self.outbox.cap_max_age(derived.hours)
 
@@ -551,7 +527,7 @@ class BrokerLink:
         """The frame, checked against the JSON limits and its schema; None (quarantined) when it cannot be taken.
 
         An ack that fails its schema but names a client_message_id is quarantined *and* returned, marked
-        ``_invalid``: its row gets ack_failed (E-10).
+        ``_invalid``: its row gets the ack_events table's ``invalid`` event (ack_failed, E-10).
         """
         if raw is None:
             return None
@@ -644,14 +620,12 @@ class BrokerLink:
         for frame in frames:
             cmid = frame.get("client_message_id") or frame.get("id")
             # req: OBX-BROKER-OUTCOMES, OBX-RETRY-LATER, WS-ACK-STATUS -- spec/tables/ack_events.yaml picks the event
-            if frame.get("_invalid"):  # already quarantined and counted by _parse
-                event, error = "ack_failed", f"invalid ack: {frame['_invalid']}"
-            else:
-                event, error = ack_event(frame)
+            acked = ack_event(frame, invalid=frame.get("_invalid"))  # an invalid one: quarantined by _parse
             retry_after = frame.get("retry_after_ms")
             changes.append((cmid, OutboxEvent(
-                event, now=now, broker_message_id=frame.get("broker_message_id") or frame.get("messageId") or None,
-                history_id=frame.get("history_id"), error=error, jitter_unit=self._jitter(),
+                acked.event, now=now,
+                broker_message_id=frame.get("broker_message_id") or frame.get("messageId") or None,
+                history_id=frame.get("history_id"), error=acked.error, jitter_unit=self._jitter(),
                 retry_after_ms=retry_after if isinstance(retry_after, int) and not isinstance(retry_after, bool)
                 else None)))
         self.state.last_ack_ms = now
@@ -841,7 +815,7 @@ def send_frame(row: Any) -> dict[str, Any]:
         "id": row.client_message_id,
         "client_message_id": row.client_message_id,
         "request_fingerprint": row.request_fingerprint.hex(),
-        "envelope_version": "1",
+        "envelope_version": ENVELOPE_VERSION,
         "destination_kind": payload["destination_kind"],
         "destination_ref": payload["destination_ref"],
         "priority": payload["priority"],

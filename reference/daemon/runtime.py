@@ -27,6 +27,7 @@ from ulid import ULID
 
 from reference.clock import WallClock
 from reference.core import OutboxPolicy, SendRequest, parse_send
+from reference.core.codes import exit_code
 from reference.state_dir import StateDir
 from reference.trace import TraceWriter
 
@@ -52,16 +53,15 @@ from .store import (
 
 log = logging.getLogger("meshd")
 WATCHDOG_S = 1.0
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_CONFIG, EXIT_HOST, EXIT_OUTBOX, EXIT_LOCKED = 0, 1, 2, 3, 4, 5, 6
 _LOCKS: list[Any] = []
 
 
 class PreflightError(Exception):
-    """The daemon cannot start; ``code`` is the exit code."""
+    """The daemon cannot start; ``code`` is the exit code spec/tables/exit_codes.yaml names ``exit_name``."""
 
-    def __init__(self, code: int, message: str):
+    def __init__(self, exit_name: str, message: str):
         super().__init__(message)
-        self.code = code
+        self.code = exit_code(exit_name)
 
 
 def policy_for(config: Config | dict) -> OutboxPolicy:
@@ -86,7 +86,7 @@ def lock_state_dir(state_dir: Path) -> None:
     except BlockingIOError as exc:
         handle.close()
         pid = files.pid.read_text().strip() if files.pid.exists() else "?"
-        raise PreflightError(EXIT_LOCKED, f"another daemon (pid {pid}) is running in {state_dir}") from exc
+        raise PreflightError("state_dir_locked", f"another daemon (pid {pid}) is running in {state_dir}") from exc
     _LOCKS.append(handle)
     files.pid.write_text(f"{os.getpid()}\n", encoding="ascii")
 
@@ -150,42 +150,42 @@ def preflight(state_dir: Path, config: Config, components: Components | None = N
         loopback = bind == "localhost"
     # req: AUTH-LOOPBACK
     if config["ipc"]["tcp_enabled"] and not loopback and not config["ipc"]["allow_non_loopback"]:
-        raise PreflightError(EXIT_CONFIG, f"ipc.http_bind {bind!r} is not loopback; set ipc.allow_non_loopback = true "
-                             "to expose the daemon beyond this machine")
+        raise PreflightError("invalid_config", f"ipc.http_bind {bind!r} is not loopback; set "
+                             "ipc.allow_non_loopback = true to expose the daemon beyond this machine")
     parts.lock_state_dir(state_dir)
     # req: ID-MISMATCH-REFUSE -- exit 4
     try:
         check = parts.check_host(state_dir, config["identity"]["host_id_override"],
                                  config["identity"]["stable_mac_override"], clock=clock)
     except identity.HostMismatch as exc:
-        raise PreflightError(EXIT_HOST, str(exc)) from exc
+        raise PreflightError("host_fingerprint_mismatch", str(exc)) from exc
     notes.append(f"host_fingerprint {check.result} {check.fingerprint[:16]}")
     try:
         _, minted = identity.load_or_mint_keypair(state_dir)
         identity.load_or_mint_token(state_dir)
     except identity.IdentityUnreadable as exc:
         # req: LIFE-STATE-REFUSED -- an unreadable keypair.json is exit 3, never replaced
-        raise PreflightError(EXIT_CONFIG, str(exc)) from exc
+        raise PreflightError("invalid_config", str(exc)) from exc
     if minted:
         notes.append("member keypair minted (keypair.json)")
     try:
         outbox = parts.outbox_store(files.outbox_db, policy_for(config), config["outbox"]["synchronous"],
                                     clock=clock.ms)
     except (OutboxCorrupt, SchemaTooNew) as exc:
-        raise PreflightError(EXIT_OUTBOX, f"{exc}; the outbox is never discarded automatically: restore it from "
-                             "a backup or move it aside by hand") from exc
+        raise PreflightError("outbox_integrity_failed", f"{exc}; the outbox is never discarded automatically: "
+                             "restore it from a backup or move it aside by hand") from exc
     except (sqlite3.Error, OSError, StoreError) as exc:  # not a database file at all: a directory, no permission
         # req: LIFE-STATE-REFUSED -- an unopenable outbox.db is exit 5
-        raise PreflightError(EXIT_OUTBOX, f"{files.outbox_db} cannot be opened ({type(exc).__name__}: "
-                             f"{exc}); the outbox is never discarded automatically: fix or move it aside by hand"
-                             ) from exc
+        raise PreflightError("outbox_integrity_failed", f"{files.outbox_db} cannot be opened "
+                             f"({type(exc).__name__}: {exc}); the outbox is never discarded automatically: fix or "
+                             "move it aside by hand") from exc
     try:
         # req: REC-OUTBOX-INTEGRITY -- exit 5; the outbox is never discarded
         outbox.integrity_check()
         # req: REC-INFLIGHT-TO-PENDING, REC-ATTEMPTS-UNCHANGED
         recovered = outbox.recover(clock.ms())
     except OutboxCorrupt as exc:
-        raise PreflightError(EXIT_OUTBOX, f"{exc}; refusing to start") from exc
+        raise PreflightError("outbox_integrity_failed", f"{exc}; refusing to start") from exc
     finally:
         outbox.close()
     if recovered:
@@ -202,7 +202,7 @@ def preflight(state_dir: Path, config: Config, components: Components | None = N
         # req: REC-INBOX-QUARANTINE -- logged as inbox_corruption_recovered below
         inbox, quarantined = parts.inbox_store.open_or_quarantine(files.inbox_db, clock=clock.ms)
     except (sqlite3.Error, OSError, StoreError) as exc:
-        raise PreflightError(EXIT_ERROR, f"{files.inbox_db} cannot be opened ({type(exc).__name__}: {exc}); "
+        raise PreflightError("error", f"{files.inbox_db} cannot be opened ({type(exc).__name__}: {exc}); "
                              "move it aside and start again (a fresh inbox is created)") from exc
     inbox.close()
     if quarantined is not None:

@@ -38,6 +38,7 @@ from gunicorn.http import errors as http_errors
 from gunicorn.http.errors import ParseException
 from gunicorn.workers.gthread import TConn, ThreadWorker
 
+from reference.core.codes import exit_code
 from reference.core.limits import limit
 from reference.state_dir import StateDir
 
@@ -618,7 +619,7 @@ def recorded_exit(state_dir: Path) -> tuple[int, str] | None:
         document = json.loads(path.read_text(encoding="utf-8"))
         return int(document["code"]), str(document["reason"])
     except (ValueError, KeyError, TypeError):
-        return 1, "unreadable exit_reason.json"
+        return exit_code("error"), "unreadable exit_reason.json"
     finally:
         path.unlink(missing_ok=True)
 
@@ -631,13 +632,13 @@ def serve(state_dir: Path, config: dict[str, dict[str, Any]], build: Callable[[]
     files.exit_record.unlink(missing_ok=True)
     files.socket.unlink(missing_ok=True)
     master = os.getpid()
-    code = 0
+    code = exit_code("ok")
     try:
         DaemonServer(state_dir, config, build, log_level).run()
     except SystemExit as exc:
         if os.getpid() != master:  # the forked worker unwinds through this frame too: let it exit as it wants
             raise
-        code = exc.code if isinstance(exc.code, int) else 1
+        code = exc.code if isinstance(exc.code, int) else exit_code("error")
     recorded = recorded_exit(state_dir)
     if recorded is not None:
         code, reason = recorded

@@ -42,6 +42,8 @@ TABLE_SCHEMAS = {
     "max_age": "tables/max_age",
     "errors": "tables/errors",
     "limits": "tables/limits",
+    "close_codes": "tables/close_codes",
+    "exit_codes": "tables/exit_codes",
 }
 CATALOGUE_SCHEMA = "tables/catalogue"
 CASE_IDS = Path("conformance") / "case_ids.json"

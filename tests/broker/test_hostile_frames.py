@@ -20,9 +20,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from websockets.exceptions import ConnectionClosed
 
+from reference.core.codes import close_codes
 from spec import load_table, validator
 
-CLOSE = {entry["name"]: entry["code"] for entry in load_table("close_codes")["codes"]}
+CLOSE = close_codes()
 LIMITS = {name: entry["value"] for name, entry in load_table("limits")["limits"].items()}
 BROKER_TO_DAEMON = validator("broker/frame#/$defs/broker_to_daemon")
 FUZZ_EXAMPLES = int(os.environ.get("MESHSPEC_FUZZ_EXAMPLES", "150"))

@@ -30,11 +30,12 @@ from broker_server_testkit import (
 
 from conformance.launch import REFERENCE_TEMPLATE, Launched
 from reference.broker.store import open_store
+from reference.core.codes import close_codes, exit_code
 from reference.daemon.identity import load_or_mint_keypair
 from reference.trace import schema_check
-from spec import load_table, validator
+from spec import validator
 
-CLOSE = {entry["name"]: entry["code"] for entry in load_table("close_codes")["codes"]}
+CLOSE = close_codes()
 BROKER_TO_DAEMON = validator("broker/frame#/$defs/broker_to_daemon")
 FAST_DAEMON = """
 [outbox]
@@ -598,10 +599,11 @@ def test_invalid_advertised_dedupe_retention_makes_the_daemon_exit_10(tmp_path, 
             code = daemon.wait_exit(timeout=30)
         except Exception as exc:  # pragma: no cover - diagnostics
             raise AssertionError(daemon.tail()) from exc
-        assert code == 10, daemon.tail()
-        _wait(lambda: "code=4010" in broker.tail(200), timeout=10, what="the broker to log the 4010 close")
+        assert code == exit_code("feature_negotiation_failed"), daemon.tail()
+        _wait(lambda: f"code={CLOSE['feature_unavailable']}" in broker.tail(200), timeout=10,
+              what="the broker to log the 4010 close")
     finally:
-        assert broker.stop() == 0
+        assert broker.stop() == exit_code("ok")
 
 
 def test_sandbox_runs_a_dev_broker_and_a_joined_daemon(tmp_path):

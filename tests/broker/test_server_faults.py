@@ -24,6 +24,7 @@ from broker_server_testkit import MESH, BrokerProcess, ForkServer, LoadClient, M
 
 from conformance.launch import REFERENCE_TEMPLATE, Launched
 from reference.broker.store import open_store
+from reference.core.codes import exit_code
 
 LOAD_MEMBERS = 4
 RECIPIENTS = LOAD_MEMBERS - 1  # everyone on #general but the sender
@@ -100,7 +101,7 @@ def kill_under_load(store_url: str, tmp_path, kills: int, fork_server: ForkServe
         for client in clients:
             client.join(timeout=60)
         assert not any(client.is_alive() for client in clients), [c.unsettled()[:5] for c in clients]
-        assert broker.stop() == 0, broker.tail()
+        assert broker.stop() == exit_code("ok"), broker.tail()
     finally:
         for client in clients:
             client.stop()

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reference.core import OutboxEvent, OutboxPolicy, RequestError, apply, backoff_ms, parse_send
+from reference.core.ack import ack_event
 from reference.core.limits import LimitExceeded, Unparsable, depth, limit, limits, loads
 from spec import load_table
 
@@ -139,9 +140,7 @@ POLICY = OutboxPolicy(retry_base_ms=500, retry_max_ms=30_000, jitter=0.25)
 def test_a_transient_ack_waits_at_least_retry_after(retry_after_ms, expected):
     """OBX-RETRY-LATER: ack_retry_later returns an inflight row to pending after the longer of its backoff and the
     ack's retry_after_ms (cut to retry_after_max_ms); a late one changes a pending row not at all; a 5xx's
-    retry_after_ms is honoured by ack_failed too. The link maps 429, 408 and 425 to it and nothing else."""
-    from reference.daemon.link import ack_event
-
+    retry_after_ms is honoured by ack_failed too. The ack_events table maps 429, 408 and 425 to it and nothing else."""
     row = make_row("inflight", attempts=1)
     event = OutboxEvent("ack_retry_later", now=1_000, error="429 rate_limited", retry_after_ms=retry_after_ms)
     result = apply(row, event, POLICY)
@@ -153,4 +152,4 @@ def test_a_transient_ack_waits_at_least_retry_after(retry_after_ms, expected):
     assert failed.after.next_attempt_at - 1_000 == max(expected, backoff_ms(1, POLICY))
     for status, kind in ((429, "ack_retry_later"), (408, "ack_retry_later"), (425, "ack_retry_later"),
                          (404, "ack_rejected"), (413, "ack_rejected"), (503, "ack_failed")):
-        assert ack_event({"status": status, "error": "e"})[0] == kind, status
+        assert ack_event({"status": status, "error": "e"}).event == kind, status

@@ -33,6 +33,7 @@ from hostile_testkit import (
 
 from conformance.launch import REFERENCE_TEMPLATE, Launched
 from conformance.peer import DEFAULT_SUPPORTED, SILENT, PeerConfig, ScriptedBroker
+from reference.core.codes import exit_code
 from spec import validator
 
 SEND = json.dumps({"to": "#general", "message": "hello"}).encode()
@@ -436,7 +437,7 @@ def test_an_outbox_db_that_is_a_directory_exits_5_without_a_traceback(broker, ma
     daemon = make_daemon(broker.url, start=False)
     (daemon.state_dir / "outbox.db").mkdir()
     result = meshd("up", "--state-dir", str(daemon.state_dir), "--broker-url", broker.url, "--no-tcp")
-    assert result.returncode == 5, result.stderr
+    assert result.returncode == exit_code("outbox_integrity_failed"), result.stderr
     assert "outbox.db" in result.stderr and "Traceback" not in result.stderr + result.stdout
 
 
@@ -447,7 +448,7 @@ def test_a_garbage_keypair_exits_3_without_a_traceback(broker, make_daemon, cont
     (daemon.state_dir / "keypair.json").write_bytes(content)
     os.chmod(daemon.state_dir / "keypair.json", 0o600)
     result = meshd("up", "--state-dir", str(daemon.state_dir), "--broker-url", broker.url, "--no-tcp")
-    assert result.returncode == 3, result.stderr
+    assert result.returncode == exit_code("invalid_config"), result.stderr
     assert "keypair.json" in result.stderr and "Traceback" not in result.stderr + result.stdout
     assert (daemon.state_dir / "keypair.json").read_bytes() == content
 

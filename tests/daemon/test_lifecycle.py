@@ -17,6 +17,7 @@ from daemon_testkit import FAST, peer_config
 
 from conformance.launch import LaunchError
 from conformance.peer import ScriptedBroker
+from reference.core.codes import close_code, exit_code
 from reference.daemon import guard
 from spec import validator
 
@@ -44,7 +45,7 @@ def test_host_mismatch_refuses_with_exit_4_until_accept_host(broker, make_daemon
     pubkey = json.loads((daemon.state_dir / "keypair.json").read_text())["ed25519_pubkey"]
     daemon.stop()
     (daemon.state_dir / "config.toml").write_text(FAST + '\n[identity]\nhost_id_override = "linux:another-host"\n')
-    with pytest.raises(LaunchError, match="exited with 4"):
+    with pytest.raises(LaunchError, match=f"exited with {exit_code('host_fingerprint_mismatch')}"):
         daemon.start()
     assert "host fingerprint mismatch" in daemon.tail()
     accepted = meshd("accept-host", "--state-dir", str(daemon.state_dir))
@@ -56,7 +57,7 @@ def test_host_mismatch_refuses_with_exit_4_until_accept_host(broker, make_daemon
 def test_second_daemon_in_one_state_dir_exits_6(daemon):
     """LIFE-SINGLETON."""
     result = meshd("up", "--state-dir", str(daemon.state_dir), "--broker-url", daemon.broker_url, "--no-tcp")
-    assert result.returncode == 6
+    assert result.returncode == exit_code("state_dir_locked")
     assert "another daemon" in result.stderr
 
 
@@ -66,10 +67,10 @@ def test_non_loopback_bind_is_refused_with_exit_3(tmp_path, broker):
     state.mkdir()
     (state / "config.toml").write_text('[ipc]\nhttp_bind = "0.0.0.0"\n')
     result = meshd("up", "--state-dir", str(state), "--broker-url", broker.url)
-    assert result.returncode == 3
+    assert result.returncode == exit_code("invalid_config")
     assert "not loopback" in result.stderr
     (state / "config.toml").write_text("[ipc]\nno_such_key = 1\n")
-    assert meshd("up", "--state-dir", str(state), "--broker-url", broker.url).returncode == 3
+    assert meshd("up", "--state-dir", str(state), "--broker-url", broker.url).returncode == exit_code("invalid_config")
 
 
 def test_corrupt_outbox_refuses_with_exit_5(broker, make_daemon):
@@ -79,7 +80,7 @@ def test_corrupt_outbox_refuses_with_exit_5(broker, make_daemon):
     for suffix in ("-wal", "-shm"):
         (daemon.state_dir / f"outbox.db{suffix}").unlink(missing_ok=True)
     (daemon.state_dir / "outbox.db").write_bytes(b"this is not a database" * 100)
-    with pytest.raises(LaunchError, match="exited with 5"):
+    with pytest.raises(LaunchError, match=f"exited with {exit_code('outbox_integrity_failed')}"):
         daemon.start()
     assert "outbox.db" in daemon.tail()
 
@@ -112,11 +113,11 @@ def test_failed_negotiation_closes_4010_and_exits_10(make_daemon, params, kind):
         daemon = make_daemon(broker.url, start=False)
         daemon.start(wait=False)
         closed = broker.wait_close(timeout=20)
-        assert closed.code == 4010
+        assert closed.code == close_code("feature_unavailable")
         assert len(closed.reason.encode()) <= 123
         reason = json.loads(closed.reason)
         assert (reason["kind"], reason["feature"]) == (kind, "client_message_id_dedupe")
-        assert daemon.wait_exit(timeout=30) == 10
+        assert daemon.wait_exit(timeout=30) == exit_code("feature_negotiation_failed")
         assert not broker.received("send")
 
 
@@ -133,7 +134,7 @@ def test_negotiation_precedes_every_other_frame(broker, daemon):
 def test_sigterm_drains_and_exits_0(broker, make_daemon):
     """LIFE-DRAIN, LIFE-EXIT-CODES (0)."""
     daemon = make_daemon(broker.url)
-    assert daemon.stop(timeout=20) == 0
+    assert daemon.stop(timeout=20) == exit_code("ok")
     assert broker.wait_close().code == 1001
 
 
@@ -255,7 +256,7 @@ def test_status_and_version_commands(daemon):
     assert status.returncode == 0 and json.loads(status.stdout)["running"] is True
     version = json.loads(meshd("version", "--state-dir", str(daemon.state_dir), "--json").stdout)
     assert version["daemon"]["ipc_api"] == "v1"
-    assert meshd("status", "--state-dir", str(daemon.state_dir.parent / "nothing")).returncode == 1
+    assert meshd("status", "--state-dir", str(daemon.state_dir.parent / "nothing")).returncode == exit_code("error")
 
 
 def test_cli_send_and_outbox_requeue(broker, daemon):
@@ -278,7 +279,7 @@ def test_cli_send_and_outbox_requeue(broker, daemon):
     assert requeued.returncode == 0, requeued.stderr
     assert json.loads(requeued.stdout)["new_client_message_id"] == "cli-2"
     again = meshd("outbox", "requeue", listed[0]["id"], "--state-dir", str(daemon.state_dir))
-    assert again.returncode == 1 and "outbox_requeue_state_invalid" in again.stderr
+    assert again.returncode == exit_code("error") and "outbox_requeue_state_invalid" in again.stderr
 
 
 def test_install_service_dry_run_and_ci_refusal(tmp_path):
@@ -292,7 +293,7 @@ def test_install_service_dry_run_and_ci_refusal(tmp_path):
     env = {**os.environ, "CI": "true", "HOME": str(tmp_path)}
     refused = subprocess.run([sys.executable, "-m", "reference.cli", "install-service", "--no-start"],
                              capture_output=True, text=True, env=env, check=False)
-    assert refused.returncode == 2 and "CI" in refused.stderr
+    assert refused.returncode == exit_code("usage") and "CI" in refused.stderr
     forced = subprocess.run([sys.executable, "-m", "reference.cli", "install-service", "--no-start", "--force"],
                             capture_output=True, text=True, env=env, check=False)
     assert forced.returncode == 0

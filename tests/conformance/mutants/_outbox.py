@@ -356,7 +356,8 @@ def _negotiation_close_1000():
     class Link(link.BrokerLink):
         def _refuse(self, ws, reason, negotiation):
             link._close_quietly(ws, 1000, reason.close_payload())
-            raise link.Fatal(link.EXIT_NEGOTIATION, f"feature negotiation failed: {reason.kind} {reason.feature}")
+            raise link.Fatal("feature_negotiation_failed",
+                             f"feature negotiation failed: {reason.kind} {reason.feature}")
 
     return Link
 
