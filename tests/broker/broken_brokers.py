@@ -284,11 +284,11 @@ class TopicsWithoutSubscribers(BrokerServer):
     """--dev creates a topic on first use but subscribes nobody to it."""
 
     def _dev_topic(self, mesh_id, topic):
-        with self._dev_lock, self._writer:
-            if (mesh_id, topic) in self._dev_topics:
+        with self.dev.lock, self._writer:
+            if (mesh_id, topic) in self.dev.topics:
                 return
             self.store.create_topic(mesh_id, topic)
-            self._dev_topics.add((mesh_id, topic))
+            self.dev.topics.add((mesh_id, topic))
 
 
 class _RaceSecondWinner(StoreWrapper):
