@@ -1,12 +1,15 @@
 """Feature negotiation (§15.1, §15.5, E-06, E-07): validate a broker's feature_negotiation_response.
 
-The daemon requires some bits and takes others if offered. A required bit that is missing, or whose parameters fail
+The daemon requires some bits and takes others if offered. The table's ``always_required`` bits
+(client_message_id_dedupe, NEG-REQUIRE-DEDUPE) are required whatever the caller's ``require`` list says, so no
+configuration runs a daemon against a broker without them. A required bit that is missing, or whose parameters fail
 the rules in spec/tables/features.yaml, fails negotiation with a structured close reason; an optional bit with bad
 parameters is dropped, and a bad optional parameter of an accepted bit is ignored, both with a warning.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -125,8 +128,21 @@ def validate_params(bit: str, params: Any) -> tuple[dict[str, Any], list[str]]:
     return accepted, warnings
 
 
+@functools.cache
+def always_required() -> tuple[str, ...]:
+    """The bits a daemon requires whatever it is configured to require (spec/tables/features.yaml)."""
+    return tuple(load_table("features")["always_required"])
+
+
+def required_bits(require: Sequence[str]) -> tuple[str, ...]:
+    """What a daemon configured to require ``require`` requires: ``always_required()`` first, then ``require``."""
+    # req: NEG-REQUIRE-DEDUPE -- client_message_id_dedupe is required even when a configuration leaves it out
+    return tuple(dict.fromkeys((*always_required(), *require)))
+
+
 def negotiate(response: Mapping[str, Any], require: Sequence[str], optional: Sequence[str] = ()) -> Negotiation:
-    """Validate a ``feature_negotiation_response`` against the daemon's ``require`` and ``optional`` lists."""
+    """Validate a ``feature_negotiation_response``: every bit of ``required_bits(require)`` must be offered with
+    valid parameters, and the ``optional`` ones are taken when they are."""
     known = load_table("features")["bits"]
     supported = response.get("supported")
     if not isinstance(supported, Mapping):
@@ -135,8 +151,8 @@ def negotiate(response: Mapping[str, Any], require: Sequence[str], optional: Seq
     missing_set = set(missing) if isinstance(missing, list) else set()
     accepted: dict[str, Mapping[str, Any]] = {}
     warnings: list[str] = []
-    # req: NEG-REQUIRE-DEDUPE -- with client_message_id_dedupe in require (config.py's features.require default)
-    for bit in require:
+    # req: NEG-REQUIRE-DEDUPE -- a broker without client_message_id_dedupe fails here, feature_unavailable
+    for bit in required_bits(require):
         if bit not in known:
             raise ValueError(f"daemon requires unknown feature bit {bit!r}")
         offer = supported.get(bit)

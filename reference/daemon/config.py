@@ -11,7 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reference.core.features import always_required
 from reference.core.limits import limit, limits
+from spec import load_table
+
+_FEATURES = load_table("features")
 
 
 class ConfigError(ValueError):
@@ -81,8 +85,9 @@ KEYS: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
         "jitter": (0.25, (int, float), "± fraction of jitter"),
     },
     "features": {
-        "require": (["client_message_id_dedupe", "concurrent_connection_policy"], list, "bits the broker must offer"),
-        "optional": (["member_keypair_rotated_event", "key_epoch", "max_payload"], list, "bits taken if offered"),
+        "require": (list(_FEATURES["daemon_defaults"]["require"]), list,
+                    "bits the broker must offer; must include client_message_id_dedupe (§15.1)"),
+        "optional": (list(_FEATURES["daemon_defaults"]["optional"]), list, "bits taken if offered"),
     },
     "identity": {
         "host_id_override": ("", str, "use this host_id instead of /etc/machine-id (host_fingerprint.id_override)"),
@@ -161,13 +166,26 @@ def _validate(values: dict[str, dict[str, Any]]) -> None:
     for key in ("header_read_s", "body_read_s", "write_s"):
         if not 0 < ipc[key] <= 600:
             raise ConfigError(f"ipc.{key} must be more than 0 and at most 600 seconds")
+    _validate_features(values["features"])
+
+
+def _validate_features(features: dict[str, Any]) -> None:
+    for key in ("require", "optional"):
+        if not all(isinstance(bit, str) for bit in features[key]):
+            raise ConfigError(f"features.{key} must be a list of feature bit names")
+        unknown = [bit for bit in features[key] if bit not in _FEATURES["bits"]]
+        if unknown:
+            raise ConfigError(f"features.{key} names unknown feature bits: {', '.join(unknown)}")
+    missing = [bit for bit in always_required() if bit not in features["require"]]
+    # req: NEG-REQUIRE-DEDUPE -- a configuration that would run without client_message_id_dedupe is refused (exit 3)
+    if missing:
+        raise ConfigError(f"features.require must include {', '.join(missing)}: the daemon does not run without it "
+                          f"(§15.1)")
 
 
 def markdown_table() -> str:
     """The configuration reference, for the README: every key, then every limit of spec/tables/limits.yaml that no
     key sets (fixed by the spec; E-40)."""
-    from spec import load_table
-
     table = load_table("limits")["limits"]
     configured = {entry["config"]: name for name, entry in table.items() if "config" in entry}
     lines = ["| key | default | meaning |", "|---|---|---|"]

@@ -55,7 +55,7 @@ from reference.clock import now_rfc3339
 from reference.core import ENVELOPE_VERSION, OutboxEvent, TransitionError, is_client_message_id, maxage, negotiate
 from reference.core.ack import ack_event
 from reference.core.codes import close_code, exit_code
-from reference.core.features import CloseReason
+from reference.core.features import CloseReason, required_bits
 from reference.core.limits import LimitExceeded, Unparsable, limit, loads
 from reference.core.request import BROKER_MESSAGE_ID, load_payload
 from spec import SPEC_VERSION, fast_validator
@@ -401,7 +401,7 @@ class BrokerLink:
         self.state.broker_version = ack.get("brokerVersion")
         features = self.config["features"]
         # req: NEG-ORDER -- right after hello_ack; _serve, and with it every send frame, starts only once it validated
-        request = {"type": "feature_negotiation_request", "require": list(features["require"]),
+        request = {"type": "feature_negotiation_request", "require": list(required_bits(features["require"])),
                    "optional": list(features["optional"])}
         self._send(ws, request)
         response = self._expect(ws, "feature_negotiation_response")

@@ -7,6 +7,8 @@ import json
 import pytest
 
 from reference.core import CloseReason, negotiate
+from reference.core.features import always_required, required_bits
+from spec import load_table
 
 REQUIRE = ["client_message_id_dedupe", "concurrent_connection_policy"]
 OPTIONAL = ["member_keypair_rotated_event", "key_epoch", "max_payload"]
@@ -67,6 +69,33 @@ def test_missing_required_params_and_bits():
     assert negotiate(response(client_message_id_dedupe={"params": []}), REQUIRE).failure.kind == "feature_param_invalid"
     with pytest.raises(ValueError):
         negotiate(response(), ["no_such_bit"])
+
+
+@pytest.mark.parametrize("require", [[], ["concurrent_connection_policy"]])
+def test_dedupe_is_required_whatever_the_caller_requires(require):
+    """NEG-REQUIRE-DEDUPE: a require list without client_message_id_dedupe still fails against a broker without it,
+    or with it below the floor, with the structured reason."""
+    gone = response()
+    del gone["supported"]["client_message_id_dedupe"]
+    assert negotiate(gone, require, OPTIONAL).failure == CloseReason(
+        "feature_unavailable", "client_message_id_dedupe", "client_message_id_dedupe not in supported")
+    low = negotiate(response(client_message_id_dedupe=dedupe(dedupe_retention_days=2)), require)
+    assert low.failure == CloseReason("feature_param_below_floor", "client_message_id_dedupe",
+                                      "dedupe_retention_days=2 is below the daemon floor 3")
+    assert set(negotiate(response(), require).accepted) == {"client_message_id_dedupe", *require}
+
+
+def test_required_bits_put_the_always_required_first_once():
+    assert always_required() == ("client_message_id_dedupe",)
+    assert required_bits([]) == ("client_message_id_dedupe",)
+    assert required_bits(["concurrent_connection_policy", "client_message_id_dedupe"]) == (
+        "client_message_id_dedupe", "concurrent_connection_policy")
+
+
+def test_always_required_bits_are_known_and_in_the_daemon_defaults():
+    table = load_table("features")
+    assert set(table["always_required"]) <= set(table["bits"])
+    assert set(table["always_required"]) <= set(table["daemon_defaults"]["require"])
 
 
 def test_optional_problems_only_warn():

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
+from reference.core.codes import exit_code
 from reference.daemon.config import KEYS, ConfigError, load, markdown_table
 from spec import SPEC_DIR, load_table
 
@@ -25,6 +29,45 @@ def test_bad_configuration_is_refused(tmp_path, text):
     path.write_text(text)
     with pytest.raises(ConfigError):
         load(path)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('[features]\nrequire = ["concurrent_connection_policy"]\n',
+     "features.require must include client_message_id_dedupe: the daemon does not run without it (§15.1)"),
+    ("[features]\nrequire = []\n",
+     "features.require must include client_message_id_dedupe: the daemon does not run without it (§15.1)"),
+    ('[features]\nrequire = ["client_message_id_dedupe", "no_such_bit"]\n',
+     "features.require names unknown feature bits: no_such_bit"),
+    ('[features]\noptional = ["max_payload", "no_such_bit"]\n',
+     "features.optional names unknown feature bits: no_such_bit"),
+    ('[features]\nrequire = ["client_message_id_dedupe", 1]\n',
+     "features.require must be a list of feature bit names"),
+])
+def test_feature_lists_are_checked(tmp_path, text, message):
+    """NEG-REQUIRE-DEDUPE: no configuration runs a daemon that does not require client_message_id_dedupe."""
+    path = tmp_path / "config.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as refused:
+        load(path)
+    assert str(refused.value) == message
+
+
+def test_a_require_list_without_dedupe_exits_invalid_config(tmp_path):
+    """NEG-REQUIRE-DEDUPE, LIFE-EXIT-CODES (3): meshd up refuses it before it touches the state directory."""
+    (tmp_path / "config.toml").write_text('[features]\nrequire = ["concurrent_connection_policy"]\n')
+    result = subprocess.run([sys.executable, "-m", "reference.cli", "up", "--state-dir", str(tmp_path),
+                             "--broker-url", "ws://127.0.0.1:9"], capture_output=True, text=True, timeout=60,
+                            check=False)
+    assert result.returncode == exit_code("invalid_config")
+    assert result.stderr.strip() == ("meshd: invalid configuration: features.require must include "
+                                     "client_message_id_dedupe: the daemon does not run without it (§15.1)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.toml"]
+
+
+def test_feature_defaults_are_the_tables():
+    defaults = load_table("features")["daemon_defaults"]
+    assert KEYS["features"]["require"][0] == defaults["require"]
+    assert KEYS["features"]["optional"][0] == defaults["optional"]
 
 
 def test_overrides_win(tmp_path):
