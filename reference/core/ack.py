@@ -46,6 +46,7 @@ def ack_event(frame: Mapping[str, Any], invalid: str | None = None) -> AckEvent:
     """The outbox event for an ack frame; ``invalid`` says why it failed spec/schemas/broker/ack.json, if it did."""
     status = INVALID if invalid is not None else status_input(frame.get("status"))
     history = "false" if frame.get("history_available") is False else "true"
+    # req: OBX-BROKER-OUTCOMES, OBX-RETRY-LATER, WS-ACK-STATUS -- the table's row, nothing else, picks the event
     row = decision_table(TABLE).lookup(status=status, history_available=history)
     return AckEvent(row.then["event"], _error(row.then["event"], status, frame, invalid), row.id)
 

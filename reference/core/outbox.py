@@ -13,13 +13,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from spec import load_table, schema
 from spec.decision import DecisionTable, TableError, decision_table
 
 from .limits import limit
 from .maxage import max_age_at
 
-STATES = ("pending", "inflight", "done", "dead", "aborted")
-TERMINAL = frozenset({"done", "dead", "aborted"})
+#: the statuses a row can have (spec/schemas/common/defs.json ``outbox_status``; the table's ``none`` is no row)
+STATES: tuple[str, ...] = tuple(schema("common/defs")["$defs"]["outbox_status"]["enum"])
+#: the states no event but requeue leaves (spec/tables/outbox.yaml ``terminal``)
+TERMINAL = frozenset(name for name, state in load_table("outbox")["states"].items() if state["terminal"])
 MAX_AGE_ERROR = "max_age_exceeded"
 
 

@@ -23,7 +23,8 @@ from reference.clock import rfc3339_ms as format_rfc3339_ms
 from reference.core import RequestError, SendRequest, parse_send
 from reference.core.destination import TOPIC_NAME
 from reference.core.limits import limit
-from spec import SPEC_VERSION, load_table
+from reference.core.outbox import STATES as OUTBOX_STATUSES
+from spec import SPEC_VERSION, load_table, schema
 
 from . import ports, problems
 from .deadlines import peer_gone
@@ -38,9 +39,9 @@ SCHEMA_VERSION = 1
 # req: LIMIT-BODY-ROUTES -- 16 KiB for profile, 4 KiB for requeue
 PROFILE_LIMIT = int(limit("ipc_profile_body_bytes"))
 REQUEUE_LIMIT = int(limit("ipc_requeue_body_bytes"))
-OUTBOX_STATUSES = ("pending", "inflight", "done", "dead", "aborted")
-ULID_TEXT = re.compile(r"[0-7][0-9A-HJKMNP-TV-Z]{25}")
-PROFILE_FIELDS = {"summary", "status", "visible", "avatar", "title", "bio", "capabilities"}
+#: POST /v1/profile's members by the frame that carries each to the broker (spec/schemas/broker/set_*.json)
+PROFILE_FRAMES = {kind: tuple(member for member in schema(f"broker/{kind}")["properties"] if member != "type")
+                  for kind in ("set_summary", "set_status", "set_visible", "set_profile")}
 
 
 @dataclass
@@ -353,6 +354,8 @@ class Profile:
         _no_writes_while_draining(self.ctx)
         _require_json(req)
         body = _json_object(_read_body(req, PROFILE_LIMIT))
+        # req: API-PROFILE-FIELDS -- E-29's limits, as spec/schemas/ipc/profile_request.json states them
+        problems.check_body(body, "ipc/profile_request")
         frames = profile_frames(body)
         try:
             # req: API-PROFILE, API-PROFILE-FIELDS
@@ -364,36 +367,12 @@ class Profile:
 
 
 def profile_frames(body: dict[str, Any]) -> list[dict[str, Any]]:
-    """Validate a POST /v1/profile body and map it to set_* frames."""
-    if not body:
-        raise Problem("invalid_request", "name at least one of " + ", ".join(sorted(PROFILE_FIELDS)))
-    unknown = sorted(set(body) - PROFILE_FIELDS)
-    if unknown:
-        raise Problem("invalid_request", f"unknown member {unknown[0]!r}")
-    checks = {
-        "summary": lambda v: isinstance(v, str) and len(v) <= 1024,
-        "status": lambda v: v in ("idle", "working", "dnd"),
-        "visible": lambda v: isinstance(v, bool),
-        "avatar": lambda v: isinstance(v, str) and len(v) <= 2048,
-        "title": lambda v: isinstance(v, str) and len(v) <= 256,
-        "bio": lambda v: isinstance(v, str) and len(v) <= 4096,
-        "capabilities": lambda v: isinstance(v, list) and len(set(map(str, v))) == len(v)
-        and all(isinstance(c, str) and 1 <= len(c) <= 64 for c in v),
-    }
-    for name, value in body.items():
-        if not checks[name](value):
-            raise Problem("invalid_request", f"{name} has the wrong type or value",
-                          invalid_params=[{"name": name, "reason": "invalid"}])
+    """Map a valid POST /v1/profile body (spec/schemas/ipc/profile_request.json) to its set_* frames."""
     frames = []
-    if "summary" in body:
-        frames.append({"type": "set_summary", "summary": body["summary"]})
-    if "status" in body:
-        frames.append({"type": "set_status", "status": body["status"]})
-    if "visible" in body:
-        frames.append({"type": "set_visible", "visible": body["visible"]})
-    rest = {k: body[k] for k in ("avatar", "title", "bio", "capabilities") if k in body}
-    if rest:
-        frames.append({"type": "set_profile", **rest})
+    for kind, members in PROFILE_FRAMES.items():
+        carried = {member: body[member] for member in members if member in body}
+        if carried:
+            frames.append({"type": kind, **carried})
     return frames
 
 
@@ -434,12 +413,9 @@ class Requeue:
         _no_writes_while_draining(self.ctx)
         _require_json(req)
         body = _json_object(_read_body(req, REQUEUE_LIMIT))
-        unknown = sorted(set(body) - {"id", "new_client_message_id"})
-        if unknown:
-            raise Problem("invalid_request", f"unknown member {unknown[0]!r}")
-        if not isinstance(body.get("id"), str) or not ULID_TEXT.fullmatch(body["id"]):
-            raise Problem("invalid_request", "id must be an outbox row id (a ULID)",
-                          invalid_params=[{"name": "id", "reason": "ULID"}])
+        # req: API-OUTBOX -- spec/schemas/ipc/requeue_request.json
+        problems.check_body(body, "ipc/requeue_request",
+                            {"new_client_message_id": "invalid_client_message_id"})  # E-02 grammar
         # req: API-OUTBOX -- §4.5.3 (runtime.requeue)
         _send_json(resp, 200, self.requeue(body["id"], body.get("new_client_message_id"), "operator"))
 

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import falcon
 from gunicorn.http.errors import NoMoreData, ParseException
+from jsonschema.exceptions import ValidationError, best_match
 
-from spec import load_table
+from spec import load_table, validator
 
 from .deadlines import ReadTimeout
 
@@ -42,6 +44,36 @@ class Problem(Exception):
         prefix = load_table("errors")["type_prefix"]
         return {"type": f"{prefix}{self.code}", "title": self.title, "status": self.status, "detail": self.detail,
                 "error": self.code, **self.extensions}
+
+
+def check_body(document: Mapping[str, Any], ref: str, codes: Mapping[str, str] | None = None) -> None:
+    """Raise the 400 for the first way an IPC body fails its schema ``spec/schemas/<ref>.json``.
+
+    The code is ``invalid_request``, or the one ``codes`` names for the member the failure is about (the route's
+    OpenAPI description documents it); ``invalid_params`` names that member when there is one.
+    """
+    error = best_match(validator(ref).iter_errors(document))
+    if error is None:
+        return
+    member, reason = _failure(error, document)
+    code = (codes or {}).get(member or "", "invalid_request")
+    if member is None:
+        raise Problem(code, f"body: {reason}")
+    raise Problem(code, f"{member}: {reason}", invalid_params=[{"name": member, "reason": reason}])
+
+
+def _failure(error: ValidationError, document: Mapping[str, Any]) -> tuple[str | None, str]:
+    """The member a schema failure is about (None: the body as a whole) and a short reason (never the value)."""
+    keyword, value = error.validator, error.validator_value
+    if error.path:
+        return str(error.path[0]), f"fails {keyword} {json.dumps(value)}" if keyword != "type" else f"must be {value}"
+    if keyword == "required":
+        return next(name for name in value if name not in document), "required"
+    if keyword == "additionalProperties":
+        return sorted(set(document) - set(error.schema.get("properties", {})))[0], "unknown member"
+    if keyword == "minProperties":
+        return None, "name at least one of " + ", ".join(error.schema.get("properties", {}))
+    return None, f"fails {keyword} {json.dumps(value)}"
 
 
 def write_problem(resp: falcon.Response, problem: Problem) -> None:

@@ -9,7 +9,7 @@ from core_builders import make_row
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reference.core import OutboxEvent, OutboxPolicy, TransitionError, accepted, apply, backoff_ms, is_expired
+from reference.core import OutboxEvent, OutboxPolicy, TransitionError, accepted, apply, backoff_ms, is_expired, outbox
 from reference.core.outbox import IO_EFFECTS, table
 
 EVENTS = list(table().inputs["event"])
@@ -90,6 +90,13 @@ def test_no_event_changes_fingerprint_or_payload(steps):
 def test_no_transition_returns_to_none():
     for row in table().rows:
         assert row.then.get("to") != "none"
+
+
+def test_a_rows_statuses_are_the_tables_states_but_none():
+    """The outbox_status enum of spec/schemas/common/defs.json (STATES) and spec/tables/outbox.yaml name the same
+    states; the terminal ones are done, dead and aborted."""
+    assert (outbox.STATES, sorted(outbox.TERMINAL)) == (
+        tuple(s for s in table().inputs["state"] if s != "none"), ["aborted", "dead", "done"])
 
 
 @pytest.mark.parametrize("state", ["done", "dead", "aborted"])
