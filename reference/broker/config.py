@@ -44,13 +44,13 @@ class BrokerConfig:
     blob_bytes: int = 524_288_000
     max_concurrent_epochs: int = 2
     connection_policy: str = "prefer_newest"
-    hello_skew_s: float = 60.0
+    hello_skew_s: float = float(limit("broker_hello_skew_s"))
     handshake_timeout_s: float = float(limit("broker_handshake_s"))
     #: a pushed delivery not acknowledged within the lease is pushed again
     lease_s: float = 30.0
     #: per-member token bucket for sends (B1 rate_limit); 0 disables it
-    rate_per_s: float = 1000.0
-    rate_burst: int = 2000
+    rate_per_s: float = float(limit("broker_send_rate_per_s"))
+    rate_burst: int = int(limit("broker_send_burst"))
     #: the periodic retention sweep; 0 disables the thread (``meshd broker retention-sweep`` still works)
     sweep_interval_s: float = 3600.0
     message_retention_days: float = 30.0

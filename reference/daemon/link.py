@@ -69,7 +69,7 @@ MAX_FRAMES_PER_TURN = 256  # inbound frames read before the loop drains and chec
 #: RFC 6455 1009: the peer closed because a message was too big for it
 CLOSE_MESSAGE_TOO_BIG = 1009
 #: bytes of a too-large inbound message kept in quarantine
-QUARANTINE_PREFIX_BYTES = 65_536
+QUARANTINE_PREFIX_BYTES = int(limit("quarantine_frame_prefix_bytes"))
 #: the longest the watchdog and the supervisor wait before running a failed link again
 RESTART_DELAY_S = 1.0
 #: failures that are not the frame's fault: the link is lost and reconnects (the frame, redelivered, is taken then)

@@ -148,12 +148,12 @@ class LingeringCloser(threading.Thread):
     here it happens on a poller of its own.
     """
 
-    MAX_SOCKETS = 1024
-
-    def __init__(self, linger_s: float, drain_bytes: int):
+    def __init__(self, linger_s: float, drain_bytes: int,
+                 max_sockets: int = int(limit("ipc_lingering_connections"))):
         super().__init__(name="meshd-closer", daemon=True)
         self.linger_s = linger_s
         self.drain_bytes = drain_bytes
+        self.max_sockets = max_sockets
         self._incoming: list[socket.socket] = []
         self._lock = threading.Lock()
         self._wake_r, self._wake_w = socket.socketpair()
@@ -200,7 +200,8 @@ class LingeringCloser(threading.Thread):
             with self._lock:
                 incoming, self._incoming = self._incoming, []
             for sock in incoming:
-                if len(lingering) >= self.MAX_SOCKETS:
+                # req: LIMIT-TABLE -- ipc_lingering_connections: past it a connection is closed without lingering
+                if len(lingering) >= self.max_sockets:
                     util.close(sock)
                     continue
                 lingering[sock] = [time.monotonic() + self.linger_s, 0]

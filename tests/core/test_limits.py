@@ -6,6 +6,7 @@ send frame, and the push frame a broker builds from it, fit in one link frame.
 
 from __future__ import annotations
 
+import inspect
 import json
 import string
 
@@ -55,7 +56,10 @@ def test_the_limits_table_is_consistent_end_to_end():
     from reference.broker.config import BrokerConfig
     from reference.daemon import guard
     from reference.daemon.config import KEYS
-    from reference.daemon.link import _BoundedFrames
+    from reference.daemon.link import QUARANTINE_PREFIX_BYTES, _BoundedFrames
+    from reference.daemon.server import LingeringCloser
+    from reference.daemon.store import InboxStore
+    from reference.daemon.store._cursor import MAX_CURSOR_CHARS
 
     values = limits()
     assert values["ipc_send_body_bytes"] <= values["send_payload_max_bytes"]
@@ -70,7 +74,14 @@ def test_the_limits_table_is_consistent_end_to_end():
     config = BrokerConfig(store_url="sqlite:///unused.db")
     assert (config.handshake_timeout_s, config.max_inflight_per_connection, config.max_connections) == (
         values["broker_handshake_s"], values["broker_inflight_per_connection"], values["broker_connections"])
+    assert (config.hello_skew_s, config.rate_per_s, config.rate_burst) == (
+        values["broker_hello_skew_s"], values["broker_send_rate_per_s"], values["broker_send_burst"])
     assert values["broker_outbound_bytes"] == MAX_OUTBOUND_BYTES
+    assert LingeringCloser(linger_s=1.0, drain_bytes=1).max_sockets == values["ipc_lingering_connections"]
+    assert values["ipc_cursor_chars"] == MAX_CURSOR_CHARS
+    assert values["quarantine_frame_prefix_bytes"] == QUARANTINE_PREFIX_BYTES
+    assert inspect.signature(InboxStore.quarantine).parameters["max_rows"].default == values["quarantine_max_rows"]
+    assert values["quarantine_frame_prefix_bytes"] < values["link_frame_max_bytes"]
     drain = (guard.DRAIN_MAX_BYTES, guard.DRAIN_MAX_S, guard.DRAIN_IDLE_S)
     assert drain == (values["ipc_drain_bytes"], values["ipc_drain_s"], values["ipc_drain_idle_s"])
     assert _BoundedFrames(lambda n: b"", True).limit == values["link_frame_max_bytes"]

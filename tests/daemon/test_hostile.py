@@ -220,6 +220,33 @@ def test_clients_that_never_close_do_not_stall_the_accept_loop(hostile):
     assert percentile(latencies, 0.99) < 0.5, sorted(latencies)[-5:]
 
 
+def test_the_closer_lingers_at_most_its_cap():
+    """IPC-LINGERING-CLOSE, LIMIT-TABLE: the closer lingers at most ipc_lingering_connections connections (its default
+    cap); one handed to it past its cap is closed at once, and those within it stay half-open for their client."""
+    from reference.core.limits import limit
+    from reference.daemon.server import LingeringCloser
+
+    assert LingeringCloser(linger_s=1.0, drain_bytes=1).max_sockets == limit("ipc_lingering_connections")
+    closer = LingeringCloser(linger_s=30.0, drain_bytes=1024, max_sockets=2)
+    closer.start()
+    pairs = [socket.socketpair() for _ in range(3)]
+    try:
+        for ours, _ in pairs:
+            closer.linger(ours)
+        deadline = time.monotonic() + 5
+        while pairs[2][0].fileno() != -1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [ours.fileno() == -1 for ours, _ in pairs] == [False, False, True]
+        assert pairs[0][1].recv(1) == b""  # half-closed: the client reads the end of the answer
+        pairs[0][1].sendall(b"still writing")  # and may still write; the closer reads and drops it
+    finally:
+        closer.stop()
+        closer.join(5)
+        for ours, theirs in pairs:
+            ours.close()
+            theirs.close()
+
+
 def test_stalled_bodies_are_answered_within_their_deadline(hostile):
     """IPC-BODY-DEADLINE (E-43): a body that stops coming -- a Content-Length that lies, a chunked body that never
     ends -- is answered within ipc.body_read_s (1.5 s here), whether the request is refused early (401 over TCP) or

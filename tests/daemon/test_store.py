@@ -22,6 +22,7 @@ import pytest
 
 from reference.core import OutboxEvent, OutboxPolicy, Transition, TransitionError, apply, parse_send
 from reference.core.ipc import table as ipc_table
+from reference.core.limits import limit
 from reference.core.outbox import STATES
 from reference.core.outbox import table as outbox_table
 from reference.daemon.store import (
@@ -844,6 +845,21 @@ def test_inbox_paging_has_no_gaps_or_repeats(inbox):
 def test_inbox_invalid_cursor(inbox, cursor):
     with pytest.raises(InvalidCursor):
         inbox.page(cursor=cursor)
+
+
+def test_a_cursor_is_held_to_ipc_cursor_chars(outbox):
+    """INBOX-CURSOR, LIMIT-TABLE: a well-formed cursor of exactly ipc_cursor_chars characters is decoded; a longer
+    one that would decode just as well is refused."""
+    cap = limit("ipc_cursor_chars")
+
+    def cursor(id_bytes: int) -> str:
+        return base64.urlsafe_b64encode(b"o1:1:" + b"x" * id_bytes).decode().rstrip("=")
+
+    at_cap, past_cap = cursor(cap * 3 // 4 - 5), cursor(cap * 3 // 4 - 4)
+    assert (len(at_cap), len(past_cap)) == (cap, cap + 2)
+    assert outbox.list(cursor=at_cap) == ([], None)
+    with pytest.raises(InvalidCursor, match=r"^invalid cursor$"):
+        outbox.list(cursor=past_cap)
 
 
 def test_events_are_monotonic_and_replay_after_an_id(inbox):

@@ -6,7 +6,11 @@ import base64
 import binascii
 import re
 
+from reference.core.limits import limit
+
 from ._sqlite import StoreError
+
+MAX_CURSOR_CHARS = int(limit("ipc_cursor_chars"))
 
 
 class InvalidCursor(StoreError, ValueError):
@@ -24,7 +28,8 @@ def decode_cursor(cursor: str, pattern: re.Pattern[str]) -> re.Match[str]:
     Raises:
         InvalidCursor: not base64 of UTF-8 text that ``pattern`` matches (a forged cursor or another listing's).
     """
-    if not isinstance(cursor, str) or not cursor or len(cursor) > 512:
+    # req: LIMIT-TABLE -- a cursor past ipc_cursor_chars is not one this store issued, and is not decoded
+    if not isinstance(cursor, str) or not cursor or len(cursor) > MAX_CURSOR_CHARS:
         raise InvalidCursor("invalid cursor")
     try:
         text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("utf-8")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from reference.clock import wall_ms
+from reference.core.limits import limit
 from reference.state_dir import quarantine_path
 
 from ._cursor import decode_cursor, encode_cursor
@@ -271,7 +272,7 @@ class InboxStore(SqliteStore):
     def quarantine(self, *, frame_key: bytes, frame: bytes, frame_bytes: int, reason: str, now_ms: int,
                    frame_type: str | None = None, client_message_id: str | None = None,
                    broker_message_id: str | None = None, delivery_id: str | None = None,
-                   max_rows: int = 10_000) -> tuple[int, bool]:
+                   max_rows: int = int(limit("quarantine_max_rows"))) -> tuple[int, bool]:
         """Keep one inbound frame the daemon could not take; a frame seen before (same ``frame_key``) is counted.
 
         Returns (its quarantine id, whether it is new). Past ``max_rows`` the oldest are deleted (and logged).
