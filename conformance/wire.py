@@ -14,6 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from reference.core import ENVELOPE_VERSION, FingerprintInput
+from spec import schema
+
+#: E-19: the priority a send without one has (spec/schemas/ipc/send_request.json)
+DEFAULT_PRIORITY = schema("ipc/send_request")["properties"]["priority"]["default"]
 
 
 @dataclass
@@ -56,7 +60,7 @@ def send_seen(frame: dict[str, Any]) -> SendSeen:
         fields = FingerprintInput(
             destination_kind=str(frame.get("destination_kind", "")),
             destination_ref=str(frame.get("destination_ref", "")),
-            reply_to_id=str(frame.get("reply_to_id") or ""), priority=str(frame.get("priority", "next")),
+            reply_to_id=str(frame.get("reply_to_id") or ""), priority=str(frame.get("priority", DEFAULT_PRIORITY)),
             meta=meta if isinstance(meta, dict) or meta is None else {"<not an object>": repr(meta)},
             body=str(frame.get("body", "")), envelope_version=str(frame.get("envelope_version", ENVELOPE_VERSION)))
     elif body is None and isinstance(frame.get("ciphertext"), str):

@@ -8,20 +8,22 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from spec import fast_validator, schema
 
 from .destination import DestinationError, parse_destination
 from .fingerprint import FingerprintInput, MetaError, meta_canonical, request_fingerprint
 from .limits import LimitExceeded, Unparsable, loads
 
-CLIENT_MESSAGE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:~-]{0,127}")
-BROKER_MESSAGE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
-PRIORITIES = ("now", "next", "low")
-DEFAULT_PRIORITY = "next"
-SEND_MEMBERS = frozenset({"to", "message", "priority", "meta", "reply_to_id", "client_message_id"})
+_SEND = schema("ipc/send_request")["properties"]
+#: the members a send body may carry (spec/schemas/ipc/send_request.json)
+SEND_MEMBERS = frozenset(_SEND)
+#: the priorities (spec/schemas/common/defs.json ``priority``) and the one an absent priority means (E-19)
+PRIORITIES: tuple[str, ...] = tuple(schema("common/defs")["$defs"]["priority"]["enum"])
+DEFAULT_PRIORITY: str = _SEND["priority"]["default"]
 
 
 class RequestError(ValueError):
@@ -115,7 +117,13 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
 
 
 def is_client_message_id(value: object) -> bool:
-    return isinstance(value, str) and CLIENT_MESSAGE_ID.fullmatch(value) is not None
+    """E-02's id grammar (spec/schemas/common/defs.json ``client_message_id``)."""
+    return fast_validator("common/defs#/$defs/client_message_id").is_valid(value)
+
+
+def is_broker_message_id(value: object) -> bool:
+    """The shape of a broker_message_id (spec/schemas/common/defs.json ``broker_message_id``)."""
+    return fast_validator("common/defs#/$defs/broker_message_id").is_valid(value)
 
 
 def parse_send(raw: bytes, idempotency_key: str | None = None) -> SendRequest:
@@ -156,7 +164,7 @@ def validate_send(document: Mapping[str, Any], idempotency_key: str | None = Non
     if priority is None:
         priority = DEFAULT_PRIORITY
     elif priority not in PRIORITIES:
-        raise _bad("priority", "must be one of now, next, low")
+        raise _bad("priority", f"must be one of {', '.join(PRIORITIES)}")
     meta = document.get("meta")
     if meta is not None and not isinstance(meta, dict):
         raise _bad("meta", "must be an object or null")
@@ -166,7 +174,7 @@ def validate_send(document: Mapping[str, Any], idempotency_key: str | None = Non
         reply_to_id = ""
     elif not isinstance(reply_to_id, str):
         raise _bad("reply_to_id", "must be a string or null")
-    elif reply_to_id and not BROKER_MESSAGE_ID.fullmatch(reply_to_id):
+    elif reply_to_id and not is_broker_message_id(reply_to_id):
         raise _bad("reply_to_id", "is not a broker_message_id")
     try:
         # req: DEST-GRAMMAR

@@ -23,6 +23,7 @@ from rich.table import Table
 
 from reference.clock import WallClock, rfc3339_ms
 from reference.core.codes import exit_code
+from reference.core.request import DEFAULT_PRIORITY, PRIORITIES
 from reference.state_dir import StateDir
 
 from . import client, identity, logs
@@ -535,7 +536,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     _common(send)
     send.add_argument("--to", required=True)
     send.add_argument("--message", required=True)
-    send.add_argument("--priority", default="next", choices=["now", "next", "low"])
+    send.add_argument("--priority", default=DEFAULT_PRIORITY, choices=PRIORITIES)
     send.add_argument("--meta", help="a JSON object")
     send.add_argument("--reply-to")
     send.add_argument("--id", help="Idempotency-Key")

@@ -16,6 +16,7 @@ from reference.core.limits import limit, limits
 from spec import load_table
 
 _FEATURES = load_table("features")
+_MAX_AGE = load_table("max_age")
 
 
 class ConfigError(ValueError):
@@ -63,7 +64,9 @@ KEYS: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
         "write_s": (limit("ipc_write_s"), (int, float), "longest wait on a client that does not read an answer"),
     },
     "outbox": {
-        "max_age_hours": (168, int, "permanent-mode max age (capped at 720); retention_scoped mode derives it (§4.9)"),
+        "max_age_hours": (_MAX_AGE["permanent_default_hours"], int,
+                          f"permanent-mode max age (capped at {_MAX_AGE['permanent_cap_hours']}); "
+                          "retention_scoped mode derives it (§4.9)"),
         "max_age_hours_override": (0, int, "operator override; 0 = none; must stay inside the dedupe window"),
         "retry_base_ms": (500, int, "first retry delay"),
         "retry_max_ms": (30_000, int, "retry delay cap"),

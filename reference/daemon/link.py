@@ -57,7 +57,7 @@ from reference.core.ack import ack_event
 from reference.core.codes import close_code, exit_code
 from reference.core.features import CloseReason, required_bits
 from reference.core.limits import LimitExceeded, Unparsable, limit, loads
-from reference.core.request import BROKER_MESSAGE_ID, load_payload
+from reference.core.request import is_broker_message_id, load_payload
 from spec import SPEC_VERSION, fast_validator
 
 from .identity import Keypair, hello_signature_payload
@@ -838,9 +838,9 @@ def _frame_ids(document: Any) -> dict[str, Any]:
     cmid, bmid, delivery = document.get("client_message_id"), document.get("messageId"), document.get("delivery_id")
     if is_client_message_id(cmid):
         ids["client_message_id"] = cmid
-    if isinstance(bmid, str) and BROKER_MESSAGE_ID.fullmatch(bmid):
+    if is_broker_message_id(bmid):
         ids["broker_message_id"] = bmid
-    if isinstance(delivery, str) and 1 <= len(delivery) <= 128:
+    if fast_validator("broker/client_ack#/properties/delivery_id").is_valid(delivery):
         ids["delivery_id"] = delivery
     if (ids["type"] == "push" and document.get("subtype") != "system"
             and {"client_message_id", "broker_message_id", "delivery_id"} <= ids.keys()):

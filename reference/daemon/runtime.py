@@ -30,6 +30,7 @@ from reference.core import OutboxPolicy, SendRequest, parse_send
 from reference.core.codes import exit_code
 from reference.state_dir import StateDir
 from reference.trace import TraceWriter
+from spec import load_table
 
 from . import identity
 from .app import DaemonContext, create_app
@@ -65,10 +66,12 @@ class PreflightError(Exception):
 
 
 def policy_for(config: Config | dict) -> OutboxPolicy:
+    """The outbox policy until the first negotiation: max age as in permanent mode (the link caps it then, §4.9)."""
     outbox = config["outbox"]
+    cap = load_table("max_age")["permanent_cap_hours"]
     return OutboxPolicy(retry_base_ms=int(outbox["retry_base_ms"]), retry_max_ms=int(outbox["retry_max_ms"]),
                         jitter=float(outbox["retry_jitter"]),
-                        max_age_hours=int(outbox["max_age_hours_override"] or min(outbox["max_age_hours"], 720)))
+                        max_age_hours=int(outbox["max_age_hours_override"] or min(outbox["max_age_hours"], cap)))
 
 
 def daemon_node(keypair: Any) -> str:
