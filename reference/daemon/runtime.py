@@ -202,15 +202,21 @@ def preflight(state_dir: Path, config: Config, components: Components | None = N
             finally:
                 trace.close()
     try:
-        # req: REC-INBOX-QUARANTINE -- logged as inbox_corruption_recovered below
-        inbox, quarantined = parts.inbox_store.open_or_quarantine(files.inbox_db, clock=clock.ms)
+        open_inbox(parts, files.inbox_db, clock).close()
     except (sqlite3.Error, OSError, StoreError) as exc:
         raise PreflightError("error", f"{files.inbox_db} cannot be opened ({type(exc).__name__}: {exc}); "
                              "move it aside and start again (a fresh inbox is created)") from exc
-    inbox.close()
-    if quarantined is not None:
-        notes.append(f"inbox_corruption_recovered moved to {quarantined}")
     return notes
+
+
+def open_inbox(parts: Components, path: Path, clock: WallClock) -> InboxStore:
+    """``inbox.db``, quarantined and recreated when it is corrupt (§4.11, E-16), whoever opens it: preflight, or a
+    worker gunicorn starts in place of a killed one (which runs no preflight)."""
+    inbox, quarantined = parts.inbox_store.open_or_quarantine(path, clock=clock.ms)
+    if quarantined is not None:
+        # req: REC-INBOX-QUARANTINE
+        log.warning("inbox_corruption_recovered moved to %s", quarantined)
+    return inbox
 
 
 class Runtime:
@@ -237,7 +243,7 @@ class Runtime:
         recovered = self.outbox.recover(self.clock.ms())
         if recovered:
             log.warning("crash recovery: %d inflight row(s) of a previous worker returned to pending", len(recovered))
-        self.inbox, _ = parts.inbox_store.open_or_quarantine(files.inbox_db, clock=self.clock.ms)
+        self.inbox = open_inbox(parts, files.inbox_db, self.clock)
         self.bus = parts.event_bus(self.inbox, int(config["ipc"]["max_streams"]), float(config["ipc"]["keepalive_s"]),
                                    trace=self.trace, clock=self.clock)
         self.metrics = DaemonMetrics(self.outbox)

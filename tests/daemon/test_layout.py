@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import FrozenInstanceError
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 
 from reference.daemon import identity
 from reference.daemon.config import load
-from reference.daemon.runtime import preflight
+from reference.daemon.runtime import Runtime, preflight
 from reference.daemon.server import record_exit, recorded_exit
 from reference.daemon.store import InboxStore
 from reference.state_dir import StateDir, quarantine_path
@@ -61,3 +62,34 @@ def test_the_exit_record_and_a_quarantined_inbox_use_the_layout(tmp_path):
     store.close()
     assert quarantined == quarantine_path(files.inbox_db, 1_700_000_000_000)
     assert quarantined == tmp_path / "inbox.db.corrupt-1700000000000"
+
+
+@pytest.mark.parametrize("finder", ["preflight", "replacement worker"])
+def test_a_corrupt_inbox_is_logged_alike_by_whoever_finds_it(tmp_path, caplog, finder):
+    """REC-INBOX-QUARANTINE: preflight, and a worker gunicorn starts in place of a killed one (which runs no
+    preflight), each quarantine a corrupt inbox.db and log inbox_corruption_recovered with where it went."""
+    state = tmp_path / "daemon"
+    files = StateDir(state)
+    config = load(None, {"ipc": {"tcp_enabled": False}})
+
+    def corrupt() -> None:
+        for sidecar in ("inbox.db-wal", "inbox.db-shm"):
+            (state / sidecar).unlink(missing_ok=True)
+        files.inbox_db.write_bytes(b"not a database" * 100)
+
+    if finder == "preflight":
+        state.mkdir()
+        corrupt()
+    with caplog.at_level(logging.WARNING, logger="meshd"):
+        preflight(state, config)
+        if finder == "replacement worker":
+            corrupt()
+            worker = Runtime(state, config)  # never started: only its stores and committer are open
+            worker.committer.close()
+            worker.outbox.close()
+            worker.inbox.close()
+    (quarantined,) = state.glob("inbox.db.corrupt-*")
+    recovered = [(r.name, r.levelno, r.getMessage()) for r in caplog.records if "inbox_corruption" in r.getMessage()]
+    assert recovered == [("meshd", logging.WARNING, f"inbox_corruption_recovered moved to {quarantined}")]
+    with InboxStore(files.inbox_db) as fresh:
+        assert fresh.page() == ([], None)
