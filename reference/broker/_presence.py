@@ -34,10 +34,12 @@ from websockets.protocol import State
 from websockets.sync.server import ServerConnection
 
 from reference.core.limits import limit
+from spec import schema
 
 log = logging.getLogger("meshbroker")
 
-PROFILE_FIELDS = ("avatar", "title", "bio", "capabilities")
+#: the members of a set_profile frame (spec/schemas/broker/set_profile.json)
+PROFILE_FIELDS = tuple(member for member in schema("broker/set_profile")["properties"] if member != "type")
 #: unread outbound bytes a session may hold before the broker closes it as a slow consumer (E-33)
 MAX_OUTBOUND_BYTES = int(limit("broker_outbound_bytes"))
 #: RFC 6455 1013 "Try Again Later", the close of a slow consumer (E-33)

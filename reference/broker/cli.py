@@ -132,9 +132,11 @@ def _redacted(url: str) -> str:
 # --- administration ------------------------------------------------------------------------------------------------
 
 def cmd_add_mesh(args: argparse.Namespace) -> int:
+    from reference.broker.config import MIN_RETENTION_DAYS
+
     retention = args.retention_days if args.dedupe_mode == "retention_scoped" else None
-    if retention is not None and retention < 3:
-        print("meshd broker: --retention-days must be at least 3", file=sys.stderr)
+    if retention is not None and retention < MIN_RETENTION_DAYS:
+        print(f"meshd broker: --retention-days must be at least {MIN_RETENTION_DAYS}", file=sys.stderr)
         return EXIT_USAGE
     store = _open(args.store)
     try:
@@ -220,7 +222,7 @@ def cmd_retention_sweep(args: argparse.Namespace) -> int:
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """Register ``meshd broker <command>``."""
-    from reference.broker.config import CONNECTION_POLICIES, BrokerConfig
+    from reference.broker.config import CONNECTION_POLICIES, MIN_RETENTION_DAYS, BrokerConfig
     from reference.broker.store import DEDUPE_MODES
 
     d = BrokerConfig(store_url="")
@@ -246,7 +248,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--dedupe-mode", choices=DEDUPE_MODES, default=d.dedupe_mode,
                        help="dedupe policy of meshes this broker creates (--dev)")
     serve.add_argument("--retention-days", type=int, default=d.retention_days,
-                       help="dedupe_retention_days of meshes this broker creates (>= 3)")
+                       help=f"dedupe_retention_days of meshes this broker creates (>= {MIN_RETENTION_DAYS})")
     serve.add_argument("--inline-bytes", type=int, default=d.inline_bytes, help="max_payload.inline_bytes")
     serve.add_argument("--blob-bytes", type=int, default=d.blob_bytes, help="max_payload.blob_bytes")
     serve.add_argument("--connection-policy", choices=CONNECTION_POLICIES, default=d.connection_policy)

@@ -16,10 +16,15 @@ from typing import Any
 from reference.broker._presence import MAX_OUTBOUND_BYTES
 from reference.broker.store import DEDUPE_MODES
 from reference.core.limits import limit
+from spec import SPEC_VERSION, load_table
 
-CONNECTION_POLICIES = ("prefer_newest", "prefer_oldest", "allow_concurrent")
+#: what a broker may advertise (spec/tables/features.yaml): its bits' versions and parameter rules
+_BITS = load_table("features")["bits"]
+CONNECTION_POLICIES = tuple(_BITS["concurrent_connection_policy"]["optional"]["default_policy"]["enum"])
+#: the shortest dedupe window a daemon accepts (dedupe_retention_days' floor, E-06)
+MIN_RETENTION_DAYS: int = _BITS["client_message_id_dedupe"]["required"]["dedupe_retention_days"]["floor"]
 LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
-BROKER_VERSION = "meshspec-broker/0.9.0"
+BROKER_VERSION = f"meshspec-broker/{SPEC_VERSION}"
 
 
 class BrokerConfigError(ValueError):
@@ -69,14 +74,16 @@ class BrokerConfig:
     def __post_init__(self) -> None:
         if self.dedupe_mode not in DEDUPE_MODES:
             raise BrokerConfigError(f"dedupe mode must be one of {DEDUPE_MODES}")
-        if self.retention_days < 3:
-            raise BrokerConfigError("retention days must be at least 3 (§4.9, the store's CHECK)")
+        if self.retention_days < MIN_RETENTION_DAYS:
+            raise BrokerConfigError(f"retention days must be at least {MIN_RETENTION_DAYS} (E-06, the store's CHECK)")
         if self.connection_policy not in CONNECTION_POLICIES:
             raise BrokerConfigError(f"connection policy must be one of {CONNECTION_POLICIES}")
         if self.host not in LOOPBACK_HOSTS and not self.allow_non_loopback:
             raise BrokerConfigError(f"{self.host} is not loopback; pass --allow-non-loopback to bind it")
-        if self.inline_bytes < 1 or self.blob_bytes < 1:
-            raise BrokerConfigError("payload limits must be positive")
+        payload = _BITS["max_payload"]["required"]
+        if self.inline_bytes < payload["inline_bytes"]["minimum"] or self.blob_bytes < payload["blob_bytes"]["minimum"]:
+            raise BrokerConfigError(f"payload limits must be at least {payload['inline_bytes']['minimum']} bytes "
+                                    "(max_payload's minimum)")
         if (self.lease_s <= 0 or self.db_workers < 1 or self.max_inflight_per_connection < 1
                 or self.max_outbound_bytes < 1 or self.max_connections < 1):
             raise BrokerConfigError("lease, db workers, in-flight and outbound limits must be positive")
@@ -115,14 +122,14 @@ def supported_features(config: BrokerConfig, dedupe_mode: str, retention_days: i
     if config.advertise is not None:
         return json.loads(json.dumps(config.advertise))
     # req: BRK-ADVERTISE, BRK-ADVERTISE-POLICY -- the mesh's own mode and retention
-    dedupe: dict[str, Any] = {"version": 1, "mode": dedupe_mode, "request_fingerprint": True}
+    dedupe: dict[str, Any] = {"mode": dedupe_mode, "request_fingerprint": True}
     if dedupe_mode == "retention_scoped":
         dedupe["dedupe_retention_days"] = retention_days
-    return {
-        "client_message_id_dedupe": {"params": dedupe},
-        "concurrent_connection_policy": {"params": {"version": 1, "default_policy": config.connection_policy}},
-        "member_keypair_rotated_event": {"params": {"version": 1}},
-        "key_epoch": {"params": {"version": 1, "max_concurrent_epochs": config.max_concurrent_epochs}},
-        "max_payload": {"params": {"version": 1, "inline_bytes": config.inline_bytes,
-                                   "blob_bytes": config.blob_bytes}},
+    params = {
+        "client_message_id_dedupe": dedupe,
+        "concurrent_connection_policy": {"default_policy": config.connection_policy},
+        "member_keypair_rotated_event": {},
+        "key_epoch": {"max_concurrent_epochs": config.max_concurrent_epochs},
+        "max_payload": {"inline_bytes": config.inline_bytes, "blob_bytes": config.blob_bytes},
     }
+    return {bit: {"params": {"version": _BITS[bit]["version"], **values}} for bit, values in params.items()}

@@ -13,10 +13,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reference.clock import rfc3339_ms as rfc3339_ms  # the broker writes times as the daemon does
+from spec import load_table
 
 #: The §4.7.1 in-transaction effects, in the order AcceptResult.effects lists them.
 EFFECTS = ("dedupe", "message", "history", "delivery")
-DEDUPE_MODES = ("retention_scoped", "permanent")
+#: a mesh's dedupe modes (spec/tables/features.yaml client_message_id_dedupe ``mode``)
+DEDUPE_MODES = tuple(load_table("features")["bits"]["client_message_id_dedupe"]["required"]["mode"]["enum"])
 DAY_MS = 86_400_000
 
 
