@@ -76,27 +76,22 @@ class Broker:
         fingerprint = "match" if dedupe.request_fingerprint in (None, request_fingerprint) else "mismatch"
         b2 = "ok" if dest.ok else "rejected"
         commit = "failed" if faults and rnd() < rates.broker_5xx else "ok"
-        table_row, phase = self.core.broker(b1, drift, claim, fingerprint, b2, commit)
-        broker_message_id = None
+        table_row, phase, http_status = self.core.broker(b1, drift, claim, fingerprint, b2, commit)
+        broker_message_id, history_available, failed = None, True, None
         if table_row == "BRK-ACCEPT":
-            status, event = 201, "ack_created"
             broker_message_id = self.mesh.new_id(t)
             dedupe.broker_message_id, dedupe.request_fingerprint = broker_message_id, request_fingerprint
             self.commit(cmid, bucket, request_fingerprint, broker_message_id, t, dest)
         elif table_row == "BRK-DUP-MATCH":
-            status, broker_message_id = 200, dedupe.broker_message_id
-            event = "ack_duplicate_pruned" if dedupe.pruned_at is not None and dedupe.pruned_at <= t else \
-                "ack_duplicate_history"
-        elif table_row in ("BRK-DUP-MISMATCH", "BRK-DRIFT"):
-            status, event = 409, "ack_conflict"
+            broker_message_id = dedupe.broker_message_id
+            history_available = dedupe.pruned_at is None or dedupe.pruned_at > t
         elif table_row == "BRK-B1-REJECT":
-            check = ("rate_limit", "payload_size", "membership")[int(rnd() * 3)]
-            status = self.core.check_status("B1", check)
-            event = "ack_retry_later" if check == "rate_limit" else "ack_rejected"  # a rate limit is transient (E-42)
+            failed = ("rate_limit", "payload_size", "membership")[int(rnd() * 3)]
         elif table_row == "BRK-B2-REJECT":
-            status, event = self.core.check_status("B2", dest.b2_check or "topic_exists"), "ack_rejected"
-        else:
-            status, event = 503, "ack_failed"
+            failed = dest.b2_check or "topic_exists"
+        # the row's status made concrete: a 4xx is the failed check's, the simulated broker's 5xx is a 503
+        status = self.core.check_status(phase, failed) if failed else 503 if http_status == "5xx" else int(http_status)
+        event = self.core.ack(status, history_available)  # a rate limit's 429 is transient (E-42)
         self.decision(t, cmid, bucket, request_fingerprint, table_row, phase, status, broker_message_id, daemon.node)
         if table_row == "BRK-ACCEPT" and dest.ref == "t3":
             dedupe.pruned_at = t + HISTORY_RETENTION_MS

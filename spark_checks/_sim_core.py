@@ -34,7 +34,8 @@ class Core:
         self.max_age_ms = int(self.policy.max_age_hours) * 3_600_000
         self._ipc: dict[tuple[str, bool | None], tuple[str, int]] = {}
         self._transition: dict[tuple[str, str], Step | None] = {}
-        self._broker: dict[tuple[str, ...], tuple[str, str]] = {}
+        self._broker: dict[tuple[str, ...], tuple[str, str, str]] = {}
+        self._ack: dict[tuple[int, bool], str] = {}
         accept = load_table("broker_accept")
         self._status = {(phase, entry["check"]): int(entry["http_status"])
                         for phase, key in (("B1", "b1_checks"), ("B2", "b2_checks")) for entry in accept[key]}
@@ -82,8 +83,9 @@ class Core:
         self._transition[key] = found
         return found
 
-    def broker(self, b1: str, drift: str, claim: str, fingerprint: str, b2: str, commit: str) -> tuple[str, str]:
-        """(table_row, phase) of the broker's accept decision (spec/tables/broker_accept.yaml)."""
+    def broker(self, b1: str, drift: str, claim: str, fingerprint: str, b2: str, commit: str
+               ) -> tuple[str, str, str]:
+        """(table_row, phase, http_status) of the broker's accept decision (spec/tables/broker_accept.yaml)."""
         key = (b1, drift, claim, fingerprint, b2, commit)
         found = self._broker.get(key)
         if found is None:
@@ -91,7 +93,17 @@ class Core:
 
             settled = settle(b1=b1, drift=drift, claim=claim, fingerprint=fingerprint, b2=b2, commit=commit)
             assert settled is not None
-            found = self._broker[key] = (settled.table_row, settled.phase)
+            found = self._broker[key] = (settled.table_row, settled.phase, settled.http_status)
+        return found
+
+    def ack(self, status: int, history_available: bool = True) -> str:
+        """The outbox event a broker ack with ``status`` is (spec/tables/ack_events.yaml)."""
+        key = (status, history_available)
+        found = self._ack.get(key)
+        if found is None:
+            from reference.core import ack_event
+
+            found = self._ack[key] = ack_event({"status": status, "history_available": history_available}).event
         return found
 
     def check_status(self, phase: str, check: str) -> int:

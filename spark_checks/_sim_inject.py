@@ -61,12 +61,13 @@ class Injector:
             outbox.transition(daemon, row, t_broker + 3, event, broker_message_id)
             outbox.requeue(daemon, row, t_broker + 1_000, client_message_id=cmid)
             return row
-        table_row, phase = core.broker("ok", "same", "ours", "match", "ok", "ok")
+        table_row, phase, http_status = core.broker("ok", "same", "ours", "match", "ok", "ok")
         broker_message_id = dedupe.broker_message_id = mesh.new_id(t_broker)
         dedupe.request_fingerprint = fingerprint
         broker.commit(cmid, bucket, fingerprint, broker_message_id, t_broker, dest,
                       0 if inject == "missing_side_effect" else 1, deliver=False)
-        broker.decision(t_broker, cmid, bucket, fingerprint, table_row, phase, 201, broker_message_id, daemon.node)
+        broker.decision(t_broker, cmid, bucket, fingerprint, table_row, phase, int(http_status), broker_message_id,
+                        daemon.node)
         for k, recipient in enumerate(dest.recipients):
             mode = inject if k == 0 and inject in ("unacked_delivery", "duplicate_inbox_row") else ""
             delivery_id = broker.deliver(recipient, broker_message_id, cmid, bucket, t_broker, mode)
@@ -94,7 +95,7 @@ class Injector:
             t_dup = t_ack + 2_000
             other = mesh.new_id(t_dup)
             broker.commit(cmid, bucket, fingerprint, other, t_dup, dest, deliver=False)
-            broker.decision(t_dup, cmid, bucket, fingerprint, table_row, phase, 201, other, daemon.node)
+            broker.decision(t_dup, cmid, bucket, fingerprint, table_row, phase, int(http_status), other, daemon.node)
         elif inject == "delivery_uncommitted":
             t_dl = t_ack + 1_000
             phantom = mesh.new_id(t_dl)

@@ -21,8 +21,6 @@ from . import format as fmt
 from .catalogue import BY_ID, DEFAULT_REDELIVERY_GRACE_MS, EventRef, Violation
 from .oracle import Report, Tables, sort_violations
 
-STATES = ("none", "pending", "inflight", "done", "dead", "aborted")
-
 
 def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"

@@ -53,9 +53,11 @@ from spark_checks.catalogue import (
     Violation,
 )
 from spark_checks.oracle import Report, Tables, sort_violations
+from spec import load_table
 
-STATES = ("none", "pending", "inflight", "done", "dead", "aborted")
-NONE_CODE = 1  # array_position of "none" in STATES
+#: the outbox table's states, ``none`` (no row) first (spec/tables/outbox.yaml)
+STATES = tuple(load_table("outbox")["inputs"]["state"])
+NONE_CODE = STATES.index("none") + 1  # array_position (1-based) of "none" in STATES
 DEFAULT_CHUNK = 1 << 17
 SAMPLE_TARGET = 200  # sampled events expected from a subject of ``chunk`` events
 SEQ_BITS = 44  # an event reference is (node index << SEQ_BITS) | seq
