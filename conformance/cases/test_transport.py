@@ -24,7 +24,12 @@ from conformance.cases._support import BODY, http_request, pipelined, post_send,
 from conformance.registry import case
 from conformance.timing import Timing
 from conformance.wire import json_object
-from spec import validator
+from spec import load_table, validator
+
+#: the body limits of the IPC routes (spec/tables/limits.yaml, E-29)
+BODY_LIMITS = {route: int(load_table("limits")["limits"][name]["value"]) for route, name in (
+    ("/v1/send", "ipc_send_body_bytes"), ("/v1/profile", "ipc_profile_body_bytes"),
+    ("/v1/outbox/requeue", "ipc_requeue_body_bytes"))}
 
 PROBLEM = validator("ipc/problem")
 
@@ -222,7 +227,7 @@ def _send_of_size(size: int) -> bytes:
 def test_size_limit_boundaries(api, verdict):
     """§3.4: a send above 1 MB is refused (whatever the status: a 5xx is ERR-NO-5XX's finding); E-29: exactly
     1 MiB (1048576 bytes) is accepted, one byte more is 413 payload_too_large, and so for the other routes' limits."""
-    limit = 1024 * 1024
+    limit = BODY_LIMITS["/v1/send"]
 
     def send(size: int):
         return api.post("/v1/send", content=_send_of_size(size),
@@ -236,7 +241,8 @@ def test_size_limit_boundaries(api, verdict):
         assert at.status_code == 202, f"a body of exactly {limit} bytes answered {at.status_code}: {at.text[:120]}"
         assert over.status_code == 413 and json_object(over).get("error") == "payload_too_large", \
             f"{limit + 1} bytes: {over.status_code} {over.text[:120]}"
-    for route, limit_bytes in (("/v1/profile", 16 * 1024), ("/v1/outbox/requeue", 4 * 1024)):
+    for route in ("/v1/profile", "/v1/outbox/requeue"):
+        limit_bytes = BODY_LIMITS[route]
         big = b'{"summary":"' + b"x" * limit_bytes + b'"}'
         response = api.post(route, content=big, headers={"Content-Type": "application/json"})
         verdict.expect("LIMIT-BODY-ROUTES", response.status_code == 413,
