@@ -17,7 +17,9 @@ from typing import Any
 
 from spec import load_table
 
-CLOSE_REASON_LIMIT = 123  # RFC 6455: a close reason is at most 123 bytes
+#: the bytes a 4010 close reason may take (spec/tables/close_codes.yaml ``reason_max_bytes``: RFC 6455's 123, E-07)
+CLOSE_REASON_LIMIT: int = next(entry["reason_max_bytes"] for entry in load_table("close_codes")["codes"]
+                               if entry["name"] == "feature_unavailable")
 
 
 @dataclass(frozen=True)
