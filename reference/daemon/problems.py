@@ -8,6 +8,7 @@ be parsed or does not arrive -- are answered by the server, server.py, with the 
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Mapping
@@ -85,7 +86,15 @@ def write_problem(resp: falcon.Response, problem: Problem) -> None:
         resp.set_header(name, value)
 
 
-_FALCON_CODES = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large", 415: "unsupported_media_type"}
+#: The codes answering falcon's own refusals (unknown route, wrong method, body too large, wrong media type).
+FALCON_REFUSALS = ("not_found", "method_not_allowed", "payload_too_large", "unsupported_media_type")
+
+
+@functools.cache
+def falcon_codes() -> dict[int, str]:
+    """Each of ``FALCON_REFUSALS`` keyed by the status errors.yaml gives it (the status falcon refused with)."""
+    codes = load_table("errors")["codes"]
+    return {int(codes[code]["status"]): code for code in FALCON_REFUSALS}
 
 
 def install(app: falcon.App) -> None:
@@ -96,7 +105,7 @@ def install(app: falcon.App) -> None:
 
     def on_http_error(req, resp, exc: falcon.HTTPError, params):
         status = int(exc.status_code)
-        code = _FALCON_CODES.get(status)
+        code = falcon_codes().get(status)
         if code is None:
             # req: ERR-NO-5XX-ON-BAD-INPUT -- falcon's own refusals of client input stay 4xx
             code = "invalid_request" if 400 <= status < 500 else "internal_error"

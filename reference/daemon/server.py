@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
@@ -381,9 +382,9 @@ class IpcWorker(ThreadWorker):
                 self._stop_gathering(conn)
                 self.nr_conns -= 1
                 with contextlib.suppress(OSError):
-                    conn.sock.raw.send(_problem_response(408, "Request Timeout", "request_timeout",
-                                                         f"the request head did not arrive within "
-                                                         f"{self.settings.header_read_s:g} s (ipc_header_read_s)"))
+                    conn.sock.raw.send(problem_response(Problem(
+                        "request_timeout", f"the request head did not arrive within "
+                                           f"{self.settings.header_read_s:g} s (ipc_header_read_s)")))
                 conn.close(graceful=True)
             elif conn.head_deadline is None and conn.idle_until <= now:
                 self._stop_gathering(conn)
@@ -425,14 +426,14 @@ class IpcWorker(ThreadWorker):
 
     def handle_error(self, req: Any, client: Any, addr: Any, exc: BaseException) -> None:
         """Answer what failed before (or outside) the app with a problem+json body (E-11, E-43), then close."""
-        answer = _problem_for(exc)
-        if answer is None:
+        problem = problem_for(exc)
+        if problem is None:
             log.error("ipc_request_failed %s: %s", type(exc).__name__, exc, exc_info=exc)
-            answer = (500, "Internal Server Error", "internal_error", "internal daemon error; see the daemon log")
+            problem = Problem("internal_error", "internal daemon error; see the daemon log")
         else:
-            log.info("ipc_request_refused status=%s error=%s detail=%s", answer[0], answer[2], answer[3])
+            log.info("ipc_request_refused status=%s error=%s detail=%s", problem.status, problem.code, problem.detail)
         with contextlib.suppress(Exception):
-            client.sendall(_problem_response(*answer))
+            client.sendall(problem_response(problem))
 
 
 def _head_complete(data: bytes | bytearray) -> bool:
@@ -453,27 +454,28 @@ def _next_head_ready(conn: IpcConn, wait_s: float) -> bool:
     return _head_complete(buffered + peeked)
 
 
-def _problem_for(exc: BaseException) -> tuple[int, str, str, str] | None:
-    """(status, reason, error code, detail) for an error raised before the app could answer; None for a fault."""
+def problem_for(exc: BaseException) -> Problem | None:
+    """The problem answering an error raised before the app could answer; None for a fault."""
     if isinstance(exc, ReadTimeout):
         bound = "ipc_header_read_s" if exc.phase == "head" else "ipc_body_read_s"
-        return 408, "Request Timeout", "request_timeout", f"{exc} ({bound})"
+        return Problem("request_timeout", f"{exc} ({bound})")
     # req: IPC-MALFORMED-HTTP, ERR-NO-5XX-ON-BAD-INPUT
     if isinstance(exc, http_errors.LimitRequestLine):
-        return 414, "URI Too Long", "uri_too_long", f"{exc} (http_request_line_bytes)"
+        return Problem("uri_too_long", f"{exc} (http_request_line_bytes)")
     if isinstance(exc, http_errors.LimitRequestHeaders):
-        return 431, "Request Header Fields Too Large", "header_fields_too_large", f"{exc}"
+        return Problem("header_fields_too_large", f"{exc}")
     if isinstance(exc, ParseException | http_errors.NoMoreData) and not isinstance(
             exc, http_errors.InvalidResponseHeader | http_errors.InvalidResponseHeaderName):
-        return 400, "Bad Request", "malformed_http", f"{type(exc).__name__}: {exc}"[:300]
+        return Problem("malformed_http", f"{type(exc).__name__}: {exc}"[:300])
     return None
 
 
-def _problem_response(status: int, reason: str, code: str, detail: str) -> bytes:
+def problem_response(problem: Problem) -> bytes:
+    """A whole HTTP/1.1 response for ``problem``: its status (errors.yaml's) and that status' reason phrase."""
     # req: ERR-PROBLEM-JSON -- errors before the app too
-    body = json.dumps(Problem(code, detail).body(), ensure_ascii=False).encode()
-    head = (f"HTTP/1.1 {status} {reason}\r\nContent-Type: {PROBLEM_JSON}\r\nContent-Length: {len(body)}\r\n"
-            "Connection: close\r\n\r\n")
+    body = json.dumps(problem.body(), ensure_ascii=False).encode()
+    head = (f"HTTP/1.1 {problem.status} {HTTPStatus(problem.status).phrase}\r\nContent-Type: {PROBLEM_JSON}\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")
     return head.encode("latin-1") + body
 
 
