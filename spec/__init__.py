@@ -31,6 +31,9 @@ __all__ = [
     "load_json",
     "load_table",
     "load_yaml",
+    "openapi",
+    "openapi_parameter",
+    "parameter_validator",
     "schema",
     "schema_ids",
     "schema_registry",
@@ -54,6 +57,43 @@ def load_json(path: Path) -> Any:
 def load_table(name: str, spec_dir: Path = SPEC_DIR) -> dict[str, Any]:
     """Return the parsed table ``spec/tables/<name>.yaml``."""
     return load_yaml(spec_dir / "tables" / f"{name}.yaml")
+
+
+@functools.cache
+def openapi(spec_dir: Path = SPEC_DIR) -> dict[str, Any]:
+    """The parsed ``spec/openapi.yaml``, read once (with libyaml when present: the file is large)."""
+    with (spec_dir / "openapi.yaml").open(encoding="utf-8") as handle:
+        return yaml.load(handle, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
+def _resolve_local(node: Any, document: dict[str, Any]) -> Any:
+    """``node`` with every ``{"$ref": "#/..."}`` of ``document`` replaced by what it names, recursively."""
+    if isinstance(node, dict):
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/"):
+            target: Any = document
+            for part in ref[2:].split("/"):
+                target = target[part.replace("~1", "/").replace("~0", "~")]
+            return _resolve_local(target, document)
+        return {key: _resolve_local(value, document) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_resolve_local(item, document) for item in node]
+    return node
+
+
+@functools.cache
+def openapi_parameter(path: str, method: str, name: str, spec_dir: Path = SPEC_DIR) -> dict[str, Any]:
+    """The schema of parameter ``name`` of the operation ``method path`` in spec/openapi.yaml, ``$ref``s resolved.
+
+    Raises:
+        KeyError: the operation has no parameter of that name.
+    """
+    document = openapi(spec_dir)
+    for parameter in document["paths"][path][method.lower()].get("parameters", []):
+        parameter = _resolve_local(parameter, document)
+        if parameter["name"] == name:
+            return parameter["schema"]
+    raise KeyError(f"{method.upper()} {path} has no parameter {name!r} in spec/openapi.yaml")
 
 
 def _schema_files(spec_dir: Path) -> list[Path]:
@@ -216,6 +256,12 @@ class FastValidator:
 
     def is_valid(self, instance: Any) -> bool:
         return next(self.iter_errors(instance), None) is None
+
+
+@functools.cache
+def parameter_validator(path: str, method: str, name: str, spec_dir: Path = SPEC_DIR) -> Draft202012Validator:
+    """A validator for ``openapi_parameter(path, method, name)``, with formats checked and ECMA-262 ``pattern``."""
+    return SpecValidator(openapi_parameter(path, method, name, spec_dir), format_checker=FormatChecker())
 
 
 @functools.cache

@@ -20,7 +20,7 @@ import httpx
 
 from conformance.wire import json_object
 from reference.core import exit_code
-from spec import load_table
+from spec import load_table, openapi_parameter
 
 _counter = itertools.count()
 #: the outbox states no event leaves (spec/tables/outbox.yaml, ``terminal``)
@@ -69,7 +69,7 @@ def outbox_rows(client: Any, status: str | None = None) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     cursor, seen = None, set()
     for _ in range(MAX_PAGES):
-        params: dict[str, Any] = {"limit": 500}
+        params: dict[str, Any] = {"limit": openapi_parameter("/v1/outbox", "get", "limit")["maximum"]}
         if status:
             params["status"] = status
         if cursor:
@@ -120,7 +120,7 @@ def inbox_items(api: Any, max_pages: int = MAX_PAGES, **params: Any) -> tuple[li
     items: list[dict[str, Any]] = []
     cursor, seen = None, set()
     for _ in range(max_pages):
-        query = {**params, "limit": params.get("limit", 100)}
+        query = {**params, "limit": params.get("limit", openapi_parameter("/v1/inbox", "get", "limit")["default"])}
         if cursor:
             query["cursor"] = cursor
         page, next_cursor = _items(api.get("/v1/inbox", params=query), "GET /v1/inbox")

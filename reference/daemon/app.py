@@ -17,14 +17,13 @@ from datetime import datetime
 from typing import Any
 
 import falcon
+from jsonschema.exceptions import best_match
 from ulid import ULID
 
 from reference.clock import rfc3339_ms as format_rfc3339_ms
 from reference.core import RequestError, SendRequest, parse_send
-from reference.core.destination import TOPIC_NAME
 from reference.core.limits import limit
-from reference.core.outbox import STATES as OUTBOX_STATUSES
-from spec import SPEC_VERSION, load_table, schema
+from spec import SPEC_VERSION, load_table, openapi_parameter, parameter_validator, schema
 
 from . import ports, problems
 from .deadlines import peer_gone
@@ -107,14 +106,29 @@ def _json_object(raw: bytes) -> dict[str, Any]:
         raise Problem(exc.code, exc.detail) from exc
 
 
-def _int_param(req: falcon.Request, name: str, default: int, low: int, high: int) -> int:
+def _int_param(req: falcon.Request, route: str, name: str) -> int | None:
+    """Query integer ``name`` of GET ``route``, bounded and defaulted by its schema in spec/openapi.yaml."""
+    bounds = openapi_parameter(route, "get", name)
+    low, high = bounds["minimum"], bounds["maximum"]
     raw = req.get_param(name)
     if raw is None:
-        return default
-    if not re.fullmatch(r"[0-9]{1,9}", raw) or not low <= int(raw) <= high:
+        return bounds.get("default")
+    if not re.fullmatch(r"[0-9]+", raw) or not low <= int(raw) <= high:
         raise Problem("invalid_parameter", f"{name} must be an integer from {low} to {high}",
                       invalid_params=[{"name": name, "reason": f"integer {low}-{high}"}])
     return int(raw)
+
+
+def _str_param(route: str, name: str, value: str | None) -> str | None:
+    """``value`` of parameter ``name`` of GET ``route`` (None: absent); 400 unless its schema in spec/openapi.yaml
+    holds it."""
+    if value is None:
+        return None
+    error = best_match(parameter_validator(route, "get", name).iter_errors(value))
+    if error is not None:
+        reason = f"fails {error.validator} {json.dumps(error.validator_value)}"
+        raise Problem("invalid_parameter", f"{name}: {reason}", invalid_params=[{"name": name, "reason": reason}])
+    return value
 
 
 def _no_writes_while_draining(ctx: DaemonContext) -> None:
@@ -246,15 +260,11 @@ class Inbox:
         self.ctx = ctx
 
     def on_get(self, req, resp):
-        limit = _int_param(req, "limit", 100, 1, 1000)
+        limit = _int_param(req, "/v1/inbox", "limit")
         since = req.get_param("since")
         since_ms = None if since is None else rfc3339_ms(since)
-        sender = req.get_param("from")
-        if sender is not None and not re.fullmatch(r"[0-9a-f]{64}", sender):
-            raise Problem("invalid_parameter", "from must be a 64-hex lowercase public key")
-        topic = req.get_param("topic")
-        if topic is not None and not TOPIC_NAME.fullmatch(topic):
-            raise Problem("invalid_parameter", f"topic must match {TOPIC_NAME.pattern}")
+        sender = _str_param("/v1/inbox", "from", req.get_param("from"))
+        topic = _str_param("/v1/inbox", "topic", req.get_param("topic"))
         # req: INBOX-CURSOR -- a cursor the store did not produce is 400 invalid_cursor
         cursor = _cursor_param(req)
         try:
@@ -314,12 +324,11 @@ class Events:
 
     def on_get(self, req, resp):
         # req: SSE-REPLAY
-        raw = req.get_header("Last-Event-ID") or req.get_param("last_event_id")
-        last: int | None = None
-        if raw is not None:
-            if not re.fullmatch(r"[0-9]{1,18}", raw.strip()):
-                raise Problem("invalid_parameter", "Last-Event-ID must be a non-negative integer event id")
-            last = int(raw.strip())
+        header = req.get_header("Last-Event-ID")
+        if header:
+            last = int(_str_param("/v1/events", "Last-Event-ID", header.strip()))
+        else:
+            last = _int_param(req, "/v1/events", "last_event_id")
         sock = req.env.get("gunicorn.socket")
         stream = self.ctx.events.open_stream(last, transport=transport_of(req.env),
                                              gone=lambda: peer_gone(sock))  # raises Problem too_many_streams
@@ -392,10 +401,8 @@ class Outbox:
         self.ctx = ctx
 
     def on_get(self, req, resp):
-        status = req.get_param("status")
-        if status is not None and status not in OUTBOX_STATUSES:
-            raise Problem("invalid_parameter", f"status must be one of {', '.join(OUTBOX_STATUSES)}")
-        limit = _int_param(req, "limit", 50, 1, 500)
+        status = _str_param("/v1/outbox", "status", req.get_param("status"))
+        limit = _int_param(req, "/v1/outbox", "limit")
         try:
             # req: API-OUTBOX
             rows, next_cursor = self.ctx.outbox.list(status=status, limit=limit, cursor=_cursor_param(req))

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 from http import HTTPStatus
 
+import falcon.testing
 import pytest
 from gunicorn.http import errors as http_errors
 
+from reference.daemon.app import DaemonContext, create_app
 from reference.daemon.deadlines import ReadTimeout
 from reference.daemon.problems import FALCON_REFUSALS, Problem, falcon_codes
 from reference.daemon.server import problem_for, problem_response
-from spec import load_table
+from reference.daemon.store.outbox import STATES
+from spec import load_table, openapi, openapi_parameter
 
 ERRORS = load_table("errors")["codes"]
 
@@ -48,3 +51,90 @@ def test_falcon_refusals_are_keyed_by_their_table_status():
     assert falcon_codes() == {ERRORS[code]["status"]: code for code in FALCON_REFUSALS}
     assert falcon_codes() == {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large",
                               415: "unsupported_media_type"}
+
+
+# --- query parameters: bounds, defaults and grammars are spec/openapi.yaml's --------------------------------------
+
+class _Pages:
+    """The inbox, outbox and event streams of the IPC app: each records what the app asked it for."""
+
+    def __init__(self):
+        self.asked: list[tuple[str, dict]] = []
+
+    def page(self, **kwargs):
+        self.asked.append(("inbox", kwargs))
+        return [], None
+
+    def list(self, **kwargs):
+        self.asked.append(("outbox", kwargs))
+        return [], None
+
+    def open_stream(self, last, **kwargs):
+        self.asked.append(("events", {"last": last}))
+        raise Problem("too_many_streams")
+
+
+@pytest.fixture
+def query():
+    """GET a route of the IPC app; returns its status, its error code (None on success) and what the app asked."""
+    pages = _Pages()
+    ctx = DaemonContext(config={"ipc": {"max_inflight": 64}, "daemon": {"mesh": "m"}, "broker": {}}, token="t",
+                        outbox=pages, inbox=pages, link=None, events=pages, committer=None, metrics=None,
+                        member_pubkey="5b" * 32)
+    client = falcon.testing.TestClient(create_app(ctx, None))
+
+    def get(path: str, params: dict, headers: dict | None = None) -> tuple[int, str | None, dict | None]:
+        pages.asked.clear()
+        result = client.simulate_get(path, params=params, extras={"meshd.transport": "unix"},
+                                     headers={"Host": "localhost", **(headers or {})})
+        error = result.json.get("error") if result.status_code >= 400 else None
+        return result.status_code, error, pages.asked[0][1] if pages.asked else None
+
+    return get
+
+
+@pytest.mark.parametrize("route", ["/v1/inbox", "/v1/outbox"])
+def test_limit_is_bounded_and_defaulted_by_the_openapi_parameter(query, route):
+    bounds = openapi()["paths"][route]["get"]["parameters"]
+    bounds = next(p["schema"] for p in bounds if p.get("name") == "limit")
+    assert openapi_parameter(route, "get", "limit") == bounds
+    low, high, default = bounds["minimum"], bounds["maximum"], bounds["default"]
+    assert query(route, {})[2]["limit"] == default
+    assert query(route, {"limit": str(low)})[2]["limit"] == low
+    assert query(route, {"limit": str(high)})[2]["limit"] == high
+    for refused in (str(low - 1), str(high + 1), "ten", "-1"):
+        assert query(route, {"limit": refused})[:2] == (400, "invalid_parameter")
+
+
+def test_the_two_limits_are_the_documented_ones():
+    assert {route: openapi_parameter(route, "get", "limit") for route in ("/v1/inbox", "/v1/outbox")} == {
+        "/v1/inbox": {"type": "integer", "minimum": 1, "maximum": 1000, "default": 100},
+        "/v1/outbox": {"type": "integer", "minimum": 1, "maximum": 500, "default": 50}}
+
+
+@pytest.mark.parametrize(("route", "name", "held", "refused"), [
+    ("/v1/inbox", "from", "ab" * 32, ["AB" * 32, "ab" * 31, "ab" * 32 + "\n"]),
+    ("/v1/inbox", "topic", "deploys.arm64", ["Deploys", "-x", "a" * 65]),
+    ("/v1/outbox", "status", "dead", ["DEAD", "gone"]),
+])
+def test_string_parameters_hold_their_openapi_schema(query, route, name, held, refused):
+    """The grammar is the parameter's schema: an ECMA-262 ``$`` refuses a trailing newline."""
+    key = {"from": "sender"}.get(name, name)
+    assert query(route, {name: held})[2][key] == held
+    for value in refused:
+        assert query(route, {name: value})[:2] == (400, "invalid_parameter"), value
+
+
+def test_the_openapi_statuses_are_the_outbox_states():
+    assert openapi_parameter("/v1/outbox", "get", "status")["enum"] == list(STATES)
+
+
+def test_last_event_id_is_held_to_its_header_and_query_schemas(query):
+    most = openapi_parameter("/v1/events", "get", "last_event_id")["maximum"]
+    assert openapi_parameter("/v1/events", "get", "Last-Event-ID")["pattern"] == "^[0-9]{1,18}$"
+    assert most == 10 ** 18 - 1
+    assert query("/v1/events", {}, {"Last-Event-ID": " 40 "})[2] == {"last": 40}
+    assert query("/v1/events", {"last_event_id": str(most)})[2] == {"last": most}
+    assert query("/v1/events", {})[2] == {"last": None}
+    assert query("/v1/events", {}, {"Last-Event-ID": "1" * 19})[:2] == (400, "invalid_parameter")
+    assert query("/v1/events", {"last_event_id": str(most + 1)})[:2] == (400, "invalid_parameter")
