@@ -23,8 +23,10 @@ from rich.table import Table
 
 from reference.clock import WallClock, rfc3339_ms
 from reference.core.codes import exit_code
+from reference.core.outbox import STATES as OUTBOX_STATES
 from reference.core.request import DEFAULT_PRIORITY, PRIORITIES
 from reference.state_dir import StateDir
+from spec import openapi_parameter
 
 from . import client, identity, logs
 from .config import Config, ConfigError, load
@@ -97,10 +99,10 @@ def cmd_up(args: argparse.Namespace, components: Components | None = None) -> in
             return EXIT_USAGE
         return _detach(args, state_dir)
     logs.configure(config["daemon"]["log_level"])
-    # req: LIFE-EXIT-CODES, LIFE-STATE-REFUSED -- a refusal is its exit code and one line, never a traceback
     try:
         for note in preflight(state_dir, config, components):
             logging.getLogger("meshd").info("%s", note)
+    # req: LIFE-EXIT-CODES, LIFE-STATE-REFUSED -- a refusal is its exit code and one line, never a traceback
     except PreflightError as exc:
         err.print(f"meshd: {exc}")
         return exc.code
@@ -253,7 +255,8 @@ def cmd_accept_host(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-OUTBOX_FILTERS = {"failed": "dead", "pending": "pending", "inflight": "inflight", "done": "done", "aborted": "aborted"}
+#: ``meshd outbox list``'s filters: one per outbox state (common/defs outbox_status), dead rows' spelled ``--failed``
+OUTBOX_FILTERS = {("failed" if state == "dead" else state): state for state in OUTBOX_STATES}
 
 
 def _outbox_store(state_dir: Path):
@@ -508,9 +511,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     _common(listing)
     group = listing.add_mutually_exclusive_group()
     for name in OUTBOX_FILTERS:
-        group.add_argument(f"--{name}", action="store_true",
-                           help=f"only {OUTBOX_FILTERS[name]} rows" if name != "failed" else "only dead rows")
-    listing.add_argument("--limit", type=int, default=50)
+        group.add_argument(f"--{name}", action="store_true", help=f"only {OUTBOX_FILTERS[name]} rows")
+    listing.add_argument("--limit", type=int, default=openapi_parameter("/v1/outbox", "get", "limit")["default"],
+                         help="at most this many rows (GET /v1/outbox's default)")
     listing.add_argument("--json", action="store_true")
     listing.set_defaults(func=cmd_outbox_list)
     requeue = outbox_sub.add_parser("requeue", help="retire a dead or pending row and retry it under a fresh id")

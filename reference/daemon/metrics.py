@@ -7,6 +7,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
+from reference.core.outbox import STATES
+
 
 class DaemonMetrics:
     """Counters the daemon bumps, plus gauges read from the stores at scrape time."""
@@ -66,7 +68,7 @@ class _StoreCollector:
         depth = GaugeMetricFamily("cm_daemon_outbox_depth", "outbox rows by status", labels=["status"])
         if self.metrics.outbox is not None:
             counts = self.metrics.outbox.counts()
-            for status in ("pending", "inflight", "done", "dead", "aborted"):
+            for status in STATES:
                 depth.add_metric([status], counts.get(status, 0))
         yield depth
         if self.metrics.link is not None and self.metrics.link.state.lag_ms is not None:

@@ -55,14 +55,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from spec import SPEC_DIR
+from spec import SPEC_DIR, load_table
 from spec.decision import DecisionTable, TableError, decision_table
 from spec.tools.explore import Action, Invariant, Progress, Result, StepInvariant, explore, format_trace
 from spec.tools.implementation import Core
 
 MODEL_DIR = SPEC_DIR / "model"
 VARIANTS = ("A", "B")
-TERMINAL = frozenset({"done", "dead", "aborted"})
+TERMINAL = frozenset(name for name, state in load_table("outbox")["states"].items() if state["terminal"])
 FAULTS = frozenset({"BrokerCommitFail", "LoseMessage", "LinkDrop", "AckTimeoutEarly", "CrashRestart"})
 UNFAIR = frozenset({"Post", "Requeue", "MaxAge"})  # clients, the operator and the clock: no fairness in Outbox.tla
 POLICY = {"retry_base_ms": 500, "retry_max_ms": 30_000, "jitter": 0.0, "max_age_hours": 72}  # the OutboxPolicy

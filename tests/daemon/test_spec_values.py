@@ -6,6 +6,7 @@ own, so an edit of the spec that the code does not follow fails here rather than
 
 from __future__ import annotations
 
+import argparse
 from http import HTTPStatus
 
 import falcon.testing
@@ -13,11 +14,13 @@ import pytest
 from gunicorn.http import errors as http_errors
 
 from reference.daemon.app import DaemonContext, create_app
+from reference.daemon.cli import OUTBOX_FILTERS, add_commands
 from reference.daemon.deadlines import ReadTimeout
+from reference.daemon.metrics import DaemonMetrics
 from reference.daemon.problems import FALCON_REFUSALS, Problem, falcon_codes
 from reference.daemon.server import problem_for, problem_response
 from reference.daemon.store.outbox import STATES
-from spec import load_table, openapi, openapi_parameter
+from spec import load_table, openapi, openapi_parameter, schema
 
 ERRORS = load_table("errors")["codes"]
 
@@ -138,3 +141,27 @@ def test_last_event_id_is_held_to_its_header_and_query_schemas(query):
     assert query("/v1/events", {})[2] == {"last": None}
     assert query("/v1/events", {}, {"Last-Event-ID": "1" * 19})[:2] == (400, "invalid_parameter")
     assert query("/v1/events", {"last_event_id": str(most + 1)})[:2] == (400, "invalid_parameter")
+
+
+# --- outbox states: common/defs outbox_status -------------------------------------------------------------------
+
+def test_the_outbox_depth_gauge_has_one_sample_per_outbox_state():
+    class Counts:
+        def counts(self):
+            return {"dead": 2}
+
+    metrics = DaemonMetrics(outbox=Counts())
+    samples = {sample.labels["status"]: sample.value
+               for family in metrics.registry.collect() if family.name == "cm_daemon_outbox_depth"
+               for sample in family.samples}
+    assert tuple(schema("common/defs")["$defs"]["outbox_status"]["enum"]) == STATES
+    assert samples == {state: (2.0 if state == "dead" else 0.0) for state in STATES}
+
+
+def test_meshd_outbox_list_filters_each_outbox_state_once():
+    assert sorted(OUTBOX_FILTERS.values()) == sorted(STATES)
+    assert OUTBOX_FILTERS["failed"] == "dead" and "dead" not in OUTBOX_FILTERS
+    parser = argparse.ArgumentParser()
+    add_commands(parser.add_subparsers())
+    listing = parser.parse_args(["outbox", "list"])
+    assert listing.limit == openapi_parameter("/v1/outbox", "get", "limit")["default"]
