@@ -23,9 +23,13 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from reference.core import ENVELOPE_VERSION, FingerprintInput, parse_destination, request_fingerprint
+from spec import load_table
 
-REQUIRE = ["client_message_id_dedupe", "concurrent_connection_policy"]
-OPTIONAL = ["member_keypair_rotated_event", "key_epoch", "max_payload"]
+from .wire import DEFAULT_PRIORITY
+
+#: what a member asks for in its feature_negotiation_request: a daemon's defaults (spec/tables/features.yaml)
+REQUIRE: list[str] = list(load_table("features")["daemon_defaults"]["require"])
+OPTIONAL: list[str] = list(load_table("features")["daemon_defaults"]["optional"])
 #: the broker's clock is assumed within this of ours when its hello_ack carries no serverTime
 UNKNOWN_CLOCK_MS = 5_000.0
 
@@ -38,7 +42,7 @@ def fingerprint_of(frame: dict[str, Any]) -> str:
         body=frame["body"])).hex()
 
 
-def send_frame(cmid: str, to: str, body: str, priority: str = "next", meta: dict | None = None,
+def send_frame(cmid: str, to: str, body: str, priority: str = DEFAULT_PRIORITY, meta: dict | None = None,
                claimed: str | None = None) -> dict[str, Any]:
     """A valid send frame for ``to`` (E-18 grammar); ``claimed`` overrides the request_fingerprint member."""
     destination = parse_destination(to)

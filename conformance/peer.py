@@ -48,19 +48,21 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.server import Server, ServerConnection, serve
 
 from reference.core import close_code, fingerprint_prefix, settle
-from spec import validator
+from spec import load_table, validator
 
 from . import wire
 from .wire import SendSeen
 
+#: what the peer advertises unless a test says otherwise: every bit of spec/tables/features.yaml at its version
 DEFAULT_SUPPORTED: dict[str, dict[str, Any]] = {
-    "client_message_id_dedupe": {"params": {"version": 1, "mode": "retention_scoped", "dedupe_retention_days": 7,
-                                            "request_fingerprint": True}},
-    "concurrent_connection_policy": {"params": {"version": 1, "default_policy": "prefer_newest"}},
-    "member_keypair_rotated_event": {"params": {"version": 1}},
-    "key_epoch": {"params": {"version": 1, "max_concurrent_epochs": 2}},
-    "max_payload": {"params": {"version": 1, "inline_bytes": 2 * 1024 * 1024, "blob_bytes": 524288000}},
-}
+    bit: {"params": {"version": load_table("features")["bits"][bit]["version"], **params}} for bit, params in {
+        "client_message_id_dedupe": {"mode": "retention_scoped", "dedupe_retention_days": 7,
+                                     "request_fingerprint": True},
+        "concurrent_connection_policy": {"default_policy": "prefer_newest"},
+        "member_keypair_rotated_event": {},
+        "key_epoch": {"max_concurrent_epochs": 2},
+        "max_payload": {"inline_bytes": 2 * 1024 * 1024, "blob_bytes": 524288000},
+    }.items()}
 DIALECTS = ("auto", "meshspec", "claudemesh")
 
 
@@ -276,7 +278,7 @@ class ScriptedBroker:
         frame: dict[str, Any] = {
             "type": "push", "messageId": broker_message_id or str(ULID()), "meshId": "mesh",
             "senderPubkey": sender, "senderName": "scripted", "topic": topic, "replyToId": None,
-            "priority": "next", "createdAt": wire.iso(time.time()),
+            "priority": wire.DEFAULT_PRIORITY, "createdAt": wire.iso(time.time()),
             "client_message_id": client_message_id or str(ULID()), "delivery_id": delivery_id or str(ULID()),
             "attempt": attempt,
         }

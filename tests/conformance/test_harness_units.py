@@ -15,11 +15,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from conformance import plugin, registry, report, timing, wire
+from conformance import member, plugin, registry, report, timing, wire
 from conformance.adapters import claudemesh
-from conformance.peer import detect_dialect
+from conformance.peer import DEFAULT_SUPPORTED, PeerConfig, ScriptedBroker, detect_dialect
 from conformance.verdict import TARGET_FAILURES, Check, HarnessMisuse, Verdicts
-from spec import SPEC_DIR, load_yaml, validator
+from spec import SPEC_DIR, load_table, load_yaml, schema, validator
 
 REPO = SPEC_DIR.parent
 
@@ -320,3 +320,25 @@ def test_the_harness_depends_on_spec_and_the_public_core_only():
                                                                f"{ {a.name for a in item.names} - public}"
             elif isinstance(item, ast.Import):
                 assert not any(a.name.startswith("reference") for a in item.names), path
+
+
+# --- what the harness's peers say is spec/tables/features.yaml's and the schemas' --------------------------------
+
+
+def test_the_scripted_broker_advertises_every_bit_at_its_table_version():
+    bits = load_table("features")["bits"]
+    assert {bit: entry["params"]["version"] for bit, entry in DEFAULT_SUPPORTED.items()} == {
+        bit: spec["version"] for bit, spec in bits.items()}
+
+
+def test_a_member_negotiates_the_daemon_defaults():
+    defaults = load_table("features")["daemon_defaults"]
+    assert (defaults["require"], defaults["optional"]) == (member.REQUIRE, member.OPTIONAL)
+    assert member.REQUIRE == ["client_message_id_dedupe", "concurrent_connection_policy"]
+
+
+def test_frames_without_a_priority_take_the_send_requests_default():
+    default = schema("ipc/send_request")["properties"]["priority"]["default"]
+    assert default == "next"
+    assert member.send_frame("c-1", "#t", "hi")["priority"] == default
+    assert ScriptedBroker(PeerConfig()).push_frame(body="hi")["priority"] == default
