@@ -7,7 +7,7 @@ the core once, to a representative row, and the simulation replays what the core
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from spec import load_table
 
@@ -31,7 +31,6 @@ class Core:
 
         self.policy = OutboxPolicy(retry_base_ms=500, retry_max_ms=30_000, jitter=0.25,
                                    max_age_hours=derive("retention_scoped", 7, override_hours=1).hours)
-        self.max_age_ms = int(self.policy.max_age_hours) * 3_600_000
         self._ipc: dict[tuple[str, bool | None], tuple[str, int]] = {}
         self._transition: dict[tuple[str, str], Step | None] = {}
         self._broker: dict[tuple[str, ...], tuple[str, str, str]] = {}
@@ -110,6 +109,19 @@ class Core:
         """The HTTP status of a failed B1 or B2 ``check`` (spec/tables/broker_accept.yaml)."""
         return self._status[(phase, check)]
 
+    def max_age_at(self, enqueued_at: int) -> int:
+        """The ``max_age_at`` of a row enqueued at ``enqueued_at`` under the policy's max age (E-14)."""
+        from reference.core.maxage import max_age_at
+
+        return max_age_at(enqueued_at, self.policy.max_age_hours)
+
+    @staticmethod
+    def expired(row: Any, now: int) -> bool:
+        """Whether ``now`` is past ``row``'s ``max_age_at`` (E-14; ``row`` is any row with one)."""
+        from reference.core import is_expired
+
+        return is_expired(row, now)
+
     def backoff(self, attempts: int, jitter_unit: float) -> int:
         from reference.core import backoff_ms
 
@@ -118,5 +130,7 @@ class Core:
     @staticmethod
     def fingerprint(destination_kind: str, destination_ref: str, body: str) -> bytes:
         from reference.core import FingerprintInput, request_fingerprint
+        from reference.core.request import DEFAULT_PRIORITY
 
-        return request_fingerprint(FingerprintInput(destination_kind, destination_ref, "", "next", None, body))
+        return request_fingerprint(FingerprintInput(destination_kind, destination_ref, "", DEFAULT_PRIORITY, None,
+                                                    body))

@@ -82,7 +82,7 @@ class Injector:
         acked_id = mesh.new_id(t_ack) if inject == "done_without_message" else broker_message_id
         if inject == "fingerprint_changed":
             row.request_fingerprint = core.fingerprint(dest.kind, dest.ref, f"{cmid}:changed")
-        outbox.transition(daemon, row, t_ack, "ack_created", acked_id)
+        outbox.transition(daemon, row, t_ack, core.ack(int(http_status)), acked_id)
         if inject == "illegal_transition":
             failed = outbox.step("inflight", "ack_failed")[0].table_row  # type: ignore[index]
             code = outbox.ot_code("inflight", "pending", "ack_failed", failed)

@@ -84,7 +84,7 @@ class Outbox:
     def accept(self, daemon: Daemon, t: int, client_message_id: str, request_fingerprint: bytes,
                max_age_at: int | None = None, bucket: int | None = None) -> TracedRow:
         """The accept transition (OB-NONE-ACCEPT) of a new row."""
-        max_age_at = t + self.core.max_age_ms if max_age_at is None else max_age_at
+        max_age_at = self.core.max_age_at(t) if max_age_at is None else max_age_at
         row = TracedRow(self.mesh.new_id(t), client_message_id, request_fingerprint, t, max_age_at,
                         self.mesh.bucket(client_message_id) if bucket is None else bucket, times=[t],
                         statuses=["pending"])
@@ -126,7 +126,7 @@ class Outbox:
         successor_id = self.mesh.new_id(t)
         table_row = self.step(row.status, "requeue")[0].table_row  # type: ignore[index]
         self.transition(daemon, row, t, "requeue", successor_id=successor_id)
-        successor = TracedRow(successor_id, successor_cmid, row.request_fingerprint, t, t + self.core.max_age_ms,
+        successor = TracedRow(successor_id, successor_cmid, row.request_fingerprint, t, self.core.max_age_at(t),
                               self.mesh.bucket(successor_cmid), times=[t], statuses=["pending"])
         self.push(t, OT, daemon.node, successor.bucket,
                   (self.mesh_i, successor_id, successor_cmid, row.request_fingerprint,

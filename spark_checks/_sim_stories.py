@@ -22,7 +22,6 @@ from ._sim_outbox import Outbox, TracedRow
 
 ACK_TIMEOUT_MS = 10_000
 MAX_REQUEUES = 2  # requeues in a row of successors; a collision's story starts at this depth (none)
-SUCCESS = frozenset({"ack_created", "ack_duplicate_history", "ack_duplicate_pruned"})
 
 
 class Stories:
@@ -99,7 +98,7 @@ class Stories:
         transition = self.outbox.transition
         while True:
             t = outages.online(t)
-            if t > row.max_age_at:
+            if core.expired(row, t):
                 transition(daemon, row, t, "max_age_exceeded")
                 self.after_dead(daemon, row, t, dest, depth)
                 return

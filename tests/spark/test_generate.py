@@ -8,7 +8,16 @@ import pyarrow.parquet as pq
 import pytest
 from trace_testkit import make_trace
 
-from reference.core import OutboxEvent, OutboxRow, TransitionError, apply
+from reference.core import (
+    FingerprintInput,
+    OutboxEvent,
+    OutboxRow,
+    TransitionError,
+    ack_event,
+    apply,
+    request_fingerprint,
+)
+from reference.core.maxage import max_age_at
 from spark_checks import format as fmt
 from spark_checks._sim_calendar import Calendar
 from spark_checks._sim_core import Core
@@ -17,7 +26,7 @@ from spark_checks._sim_mesh import Mesh
 from spark_checks._sim_outbox import Outbox, TracedRow
 from spark_checks._sim_trace import OT, Codes, Sink
 from spark_checks.generate import Params
-from spec import load_table
+from spec import load_table, schema
 
 STATES = [s for s in load_table("outbox")["inputs"]["state"] if s != "none"]
 EVENTS = load_table("outbox")["inputs"]["event"]
@@ -71,3 +80,24 @@ def test_a_row_has_a_broker_message_id_only_from_the_ack_that_made_it_done(tmp_p
     with_id = {(r["to_state"], r["event"]) for r in transitions if r["broker_message_id"] is not None}
     assert with_id == {("done", "ack_created"), ("done", "ack_duplicate_history")}
     assert all(r["broker_message_id"] is not None for r in transitions if r["to_state"] == "done")
+
+
+def test_the_generators_max_age_and_priority_are_the_cores():
+    """A row's max_age_at is reference.core.maxage's for the policy's hours, expiry is the core's (strictly after),
+    and the fingerprinted priority is send_request.json's default."""
+    core = Core()
+    hours = core.policy.max_age_hours
+    assert core.max_age_at(1_000) == max_age_at(1_000, hours) == 1_000 + hours * 3_600_000
+    due = core.max_age_at(0)
+    assert (core.expired(TracedRow("r", "c", FINGERPRINT, 0, due, 0), due),
+            core.expired(TracedRow("r", "c", FINGERPRINT, 0, due, 0), due + 1)) == (False, True)
+    default = schema("ipc/send_request")["properties"]["priority"]["default"]
+    assert Core.fingerprint("topic", "t", "hi") == request_fingerprint(FingerprintInput("topic", "t", "", default,
+                                                                                        None, "hi"))
+
+
+def test_the_injected_happy_ack_is_the_event_the_accept_table_s_status_is():
+    core = Core()
+    _, _, http_status = core.broker("ok", "same", "ours", "match", "ok", "ok")
+    assert core.ack(int(http_status)) == ack_event({"status": int(http_status), "history_available": True}).event
+    assert (int(http_status), core.ack(int(http_status))) == (201, "ack_created")
