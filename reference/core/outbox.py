@@ -169,7 +169,6 @@ def replace(row: OutboxRow, **changes: Any) -> OutboxRow:
 _DataEffect = Callable[[OutboxRow, OutboxEvent, OutboxPolicy], OutboxRow]
 DATA_EFFECTS: dict[str, _DataEffect] = {
     "insert_row": lambda row, ev, pol: row,
-    # req: FP-FROZEN -- no effect of the table writes request_fingerprint or payload
     "freeze_fingerprint": lambda row, ev, pol: row,
     "set_max_age_at": lambda row, ev, pol: row,
     # req: OBX-DISPATCH
@@ -237,6 +236,10 @@ def apply(row: OutboxRow | None, event: OutboxEvent, policy: OutboxPolicy, decis
         step = DATA_EFFECTS.get(name)
         if step is not None:
             after = step(after, event, policy)
+            # req: FP-FROZEN -- an effect that writes request_fingerprint or payload is refused, not applied
+            if after.request_fingerprint is not row.request_fingerprint or after.payload is not row.payload:
+                raise TransitionError(state, event.name, f"effect {name} would change the frozen request_fingerprint "
+                                      "or payload")
     successor = None
     if "insert_successor_pending" in effects:
         if event.successor_id is None or event.successor_client_message_id is None:

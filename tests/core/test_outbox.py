@@ -87,6 +87,16 @@ def test_no_event_changes_fingerprint_or_payload(steps):
         row = result.after
 
 
+@pytest.mark.parametrize("field", ["request_fingerprint", "payload"])
+def test_an_effect_that_would_change_the_frozen_fields_is_refused(monkeypatch, policy, field):
+    monkeypatch.setitem(outbox.DATA_EFFECTS, "increment_attempts",
+                        lambda row, ev, pol: outbox.replace(row, **{field: b"changed"}))
+    with pytest.raises(TransitionError) as caught:
+        apply(make_row("pending"), _event("dispatch"), policy)
+    assert str(caught.value) == ("outbox: event 'dispatch' cannot happen in state 'pending': effect increment_attempts "
+                                 "would change the frozen request_fingerprint or payload")
+
+
 def test_no_transition_returns_to_none():
     for row in table().rows:
         assert row.then.get("to") != "none"
