@@ -103,10 +103,10 @@ def loads(raw: str | bytes, *, object_pairs_hook: Callable[[list[tuple[str, Any]
             raw = bytes(raw).decode("utf-8")
         except UnicodeDecodeError as exc:
             raise Unparsable(f"not UTF-8: {exc.reason} at byte {exc.start}") from exc
-    # req: ERR-NO-5XX-ON-BAD-INPUT -- a parser failure is Unparsable or LimitExceeded, never a crash
     try:
         document = json.loads(raw, parse_int=parse_int, parse_constant=_refuse_constant,
                               object_pairs_hook=object_pairs_hook)
+    # req: ERR-NO-5XX-ON-BAD-INPUT -- a parser failure is Unparsable or LimitExceeded, never a crash
     except json.JSONDecodeError as exc:
         raise Unparsable(f"not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from exc
     except RecursionError as exc:  # far past the limit: there is no document to attach

@@ -42,7 +42,6 @@ KEYS: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
     },
     "ipc": {
         "tcp_enabled": (True, bool, "also listen on TCP (bearer token required)"),
-        # req: AUTH-LOOPBACK
         "http_bind": ("127.0.0.1", str, "TCP bind address; non-loopback needs allow_non_loopback = true"),
         "http_port": (0, int, "TCP port; 0 picks a free one and writes it to http.port"),
         "allow_non_loopback": (False, bool, "permit a non-loopback http_bind (not recommended)"),

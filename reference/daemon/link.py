@@ -308,10 +308,10 @@ class BrokerLink:
     def run(self) -> None:
         """The thread: the link, run again after any failure it did not handle itself, until the daemon stops."""
         while not self._stopping.is_set():
-            # req: LINK-RESTART -- counted (health: link_restarts, link_last_failure), and the link runs again
             try:
                 self._run()
                 return
+            # req: LINK-RESTART -- counted (health: link_restarts, link_last_failure), and the link runs again
             except BaseException as exc:
                 with contextlib.suppress(BaseException):
                     log.exception("the broker link failed unexpectedly; running it again")
@@ -330,8 +330,8 @@ class BrokerLink:
                 self._handshake(ws)
                 if attempt:
                     self.state.reconnects += 1
-                # req: WS-RECONNECT-BACKOFF -- n counts the failures since the link was last open
                     self.publish("daemon_reconnect", {"mesh": self.mesh, "attempt": attempt, "ts": self._ts()})
+                # req: WS-RECONNECT-BACKOFF -- n counts the failures since the link was last open
                 attempt = 0
                 self.state.status = "open"
                 self._count("connected", 1)
@@ -417,8 +417,8 @@ class BrokerLink:
     def _refuse(self, ws: websocket.WebSocket, reason: CloseReason, negotiation: dict[str, Any]) -> None:
         log.warning("feature_negotiation_failed %s negotiation=%s", json.dumps(reason.as_dict()),
                     json.dumps(negotiation))
-        # req: NEG-CLOSE-4010, NEG-CLOSE-REASON-FIT -- then exit 10
         self.publish("feature_negotiation_failed", {**reason.as_dict(), "negotiation": negotiation, "ts": self._ts()})
+        # req: NEG-CLOSE-4010, NEG-CLOSE-REASON-FIT -- then exit 10
         _close_quietly(ws, close_code("feature_unavailable"), reason.close_payload())
         raise Fatal("feature_negotiation_failed",
                     f"feature negotiation failed: {reason.kind} {reason.feature}: {reason.detail}")

@@ -156,10 +156,10 @@ def preflight(state_dir: Path, config: Config, components: Components | None = N
         raise PreflightError("invalid_config", f"ipc.http_bind {bind!r} is not loopback; set "
                              "ipc.allow_non_loopback = true to expose the daemon beyond this machine")
     parts.lock_state_dir(state_dir)
-    # req: ID-MISMATCH-REFUSE -- exit 4
     try:
         check = parts.check_host(state_dir, config["identity"]["host_id_override"],
                                  config["identity"]["stable_mac_override"], clock=clock)
+    # req: ID-MISMATCH-REFUSE -- exit 4
     except identity.HostMismatch as exc:
         raise PreflightError("host_fingerprint_mismatch", str(exc)) from exc
     notes.append(f"host_fingerprint {check.result} {check.fingerprint[:16]}")
