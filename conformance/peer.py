@@ -218,7 +218,7 @@ class ScriptedBroker:
         if self._server is not None:
             for connection in list(self._connections.values()):
                 with contextlib.suppress(Exception):
-                    connection.close(1001, "scripted broker stopping")
+                    connection.close(close_code("going_away"), "scripted broker stopping")
             self._server.shutdown()
             self._server = None
 
@@ -313,7 +313,7 @@ class ScriptedBroker:
         Rows the implementation accepts meanwhile cannot be dispatched.
         """
         self.held.set()
-        self.drop(1013, "scripted hold")
+        self.drop(close_code("try_again_later"), "scripted hold")
 
     def release(self, timeout: float = 15.0) -> None:
         """Accept connections again and wait until the implementation is linked again."""
@@ -322,7 +322,7 @@ class ScriptedBroker:
         self.wait_for(lambda: any(c > connections and link.linked_at for c, link in self.links.items()), timeout,
                       "the implementation to reconnect")
 
-    def drop(self, code: int = 1011, reason: str = "scripted drop") -> None:
+    def drop(self, code: int = close_code("internal_error"), reason: str = "scripted drop") -> None:
         """Close every connection from the broker side."""
         for connection in list(self._connections.values()):
             with contextlib.suppress(Exception):
@@ -416,7 +416,7 @@ class ScriptedBroker:
             self.links[conn_id] = Link(conn_id, time.time())
         try:
             if self.held.is_set():
-                ws.close(1013, "try again later")
+                ws.close(close_code("try_again_later"), "try_again_later")
                 return
             first = self._handshake(ws, conn_id)
             if first is False:
@@ -521,7 +521,7 @@ class ScriptedBroker:
             self.decide(seen, AUTO)
             return
         if outcome.kind == "drop":
-            ws.close(1011, "scripted drop")
+            ws.close(close_code("internal_error"), "scripted drop")
             return
         if outcome.delay_s:
             time.sleep(outcome.delay_s)

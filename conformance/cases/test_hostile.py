@@ -35,6 +35,7 @@ from conformance.cases._support import (
 from conformance.peer import SILENT, Outcome, PeerConfig, ScriptedBroker
 from conformance.registry import case
 from conformance.wire import json_object
+from reference.core import close_code
 from spec import load_table
 
 LIMITS = {name: entry["value"] for name, entry in load_table("limits")["limits"].items()}
@@ -145,7 +146,7 @@ def test_a_message_too_big_close_never_loops(api, broker, verdict, timing):
     post_send(api, BODY, small)
     post_send(api, {**BODY, "message": "L" * 200_000}, large)
     broker.wait_for(lambda: broker.sends_of(small) and broker.sends_of(large), timing.settle_s(), "both sends")
-    broker.drop(1009, "message too big")
+    broker.drop(close_code("message_too_big"), "message too big")
     with verdict.check("LINK-1009-DEAD"):
         row = wait_row(api, large, "dead", timeout=timing.settle_s() + timing.reconnect_wait_s)
         assert row.get("last_error"), f"the dead row says nothing: {row}"

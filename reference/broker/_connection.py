@@ -66,7 +66,7 @@ class MemberConnection:
         except Exception:
             log.exception("connection handler failed")
             self.leave(session)
-            self._close(conn, session, 1011, "internal_error")
+            self._close(conn, session, self.close_codes["internal_error"], "internal_error")
         finally:
             if session is not None:
                 session.end()

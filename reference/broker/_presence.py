@@ -33,6 +33,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State
 from websockets.sync.server import ServerConnection
 
+from reference.core.codes import close_code
 from reference.core.limits import limit
 from spec import schema
 
@@ -42,8 +43,8 @@ log = logging.getLogger("meshbroker")
 PROFILE_FIELDS = tuple(member for member in schema("broker/set_profile")["properties"] if member != "type")
 #: unread outbound bytes a session may hold before the broker closes it as a slow consumer (E-33)
 MAX_OUTBOUND_BYTES = int(limit("broker_outbound_bytes"))
-#: RFC 6455 1013 "Try Again Later", the close of a slow consumer (E-33)
-SLOW_CONSUMER = (1013, "slow_consumer")
+#: the close of a slow consumer: 1013 "Try Again Later" with the reason close_codes.yaml lists for it (E-33)
+SLOW_CONSUMER = (close_code("try_again_later"), "slow_consumer")
 #: how long a close waits for the frames queued before it to be written
 FLUSH_S = 2.0
 #: how long a close frame may wait behind a write the peer does not read before the TCP connection is aborted

@@ -78,7 +78,7 @@ __all__ = [
 
 log = logging.getLogger("meshbroker")
 
-#: close-code name -> code, from spec/tables/close_codes.yaml (the broker sends 4001-4005)
+#: close-code name -> code, from spec/tables/close_codes.yaml (the broker sends 4001-4005, 1001, 1011 and 1013)
 CLOSE = close_codes()
 
 
@@ -179,7 +179,7 @@ class BrokerServer:
         self._stopping.set()
         if self._server is not None:
             if self._serving.is_set():
-                self._server.shutdown(code=1001, reason="broker stopping")
+                self._server.shutdown(code=CLOSE["going_away"], reason="broker stopping")
             else:  # never served: shutdown() would wait for serve_forever() to notice
                 self._server.socket.close()
         self.accepts.stop()  # the writers commit what is queued, then end
@@ -212,7 +212,7 @@ class BrokerServer:
             if full:
                 log.warning("connection refused: %d open connections (max_connections)", self._connections - 1)
                 # req: BRK-CONNECTION-CAP
-                conn.close(1013, "try_again_later")
+                conn.close(CLOSE["try_again_later"], "try_again_later")
                 return
             self.connection.serve(conn)
         finally:

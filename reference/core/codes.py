@@ -1,6 +1,6 @@
 """The numbers the spec names: WebSocket close codes and process exit codes.
 
-Rules of this file: code reads a close code (spec/tables/close_codes.yaml, E-07, E-22) or an exit code
+Rules of this file: code reads a close code (spec/tables/close_codes.yaml, E-07, E-22, E-33, E-40) or an exit code
 (spec/tables/exit_codes.yaml, E-15) by its name -- ``close_code("feature_unavailable")``,
 ``exit_code("state_dir_locked")`` -- and never spells the number. A name the table does not define is a programming
 error (KeyError), as with ``limit()``.
@@ -22,7 +22,7 @@ def _by_name(table: str) -> dict[str, int]:
 
 @functools.cache
 def close_codes() -> Mapping[str, int]:
-    """Every application close code by name."""
+    """Every close code by name: the application codes and the RFC 6455 ones the table lists."""
     return _by_name("close_codes")
 
 

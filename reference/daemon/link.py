@@ -66,8 +66,6 @@ from .store import StoreError
 log = logging.getLogger("meshd.link")
 DISPATCH_BATCH = 256  # due rows claimed per drain transaction
 MAX_FRAMES_PER_TURN = 256  # inbound frames read before the loop drains and checks timeouts again
-#: RFC 6455 1009: the peer closed because a message was too big for it
-CLOSE_MESSAGE_TOO_BIG = 1009
 #: bytes of a too-large inbound message kept in quarantine
 QUARANTINE_PREFIX_BYTES = int(limit("quarantine_frame_prefix_bytes"))
 #: the longest the watchdog and the supervisor wait before running a failed link again
@@ -345,7 +343,7 @@ class BrokerLink:
             except BrokerClosed as closed:
                 log.warning("broker_status status=closed code=%s reason=%s", closed.code, closed.reason)
                 # req: LINK-1009-DEAD
-                if closed.code == CLOSE_MESSAGE_TOO_BIG:
+                if closed.code == close_code("message_too_big"):
                     self._refuse_largest_in_flight()
                 if self.state.status == "open":
                     self.publish("daemon_disconnect", {"mesh": self.mesh, "reason": str(closed), "code": closed.code,
@@ -366,7 +364,7 @@ class BrokerLink:
                 self._fail_pending_requests()
                 self._lose_inflight()
                 if ws is not None:
-                    _close_quietly(ws, 1001 if self._stopping.is_set() else 1000, "")
+                    _close_quietly(ws, close_code("going_away") if self._stopping.is_set() else 1000, "")
             if self._stopping.is_set():
                 break
             attempt += 1

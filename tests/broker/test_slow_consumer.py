@@ -19,6 +19,9 @@ from broker_server_testkit import Member, joined, running_broker, send_frame
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
+from reference.broker._presence import SLOW_CONSUMER
+from spec import load_table
+
 BIG = "x" * 60_000  # under --inline-bytes 65536: each push fills the slow member's buffers fast
 OUTBOUND = 2**20
 
@@ -162,3 +165,10 @@ def test_connect_disconnect_cycles_leave_no_sender_threads(tmp_path):
         while threading.active_count() > baseline + 4 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert threading.active_count() <= baseline + 4, [t.name for t in threading.enumerate()]
+
+
+def test_a_1013_close_carries_a_reason_the_table_lists():
+    """E-33 and E-43 close 1013 with the reasons close_codes.yaml lists for it."""
+    entry = next(e for e in load_table("close_codes")["codes"] if e["name"] == "try_again_later")
+    assert (entry["code"], "slow_consumer") == SLOW_CONSUMER
+    assert set(entry["reasons"]) == {"slow_consumer", "try_again_later"}

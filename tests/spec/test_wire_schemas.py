@@ -21,6 +21,7 @@ import yaml
 from jsonschema import Draft202012Validator, FormatChecker
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
+from websockets.frames import CloseCode
 
 SPEC = Path(__file__).resolve().parents[2] / "spec"
 SCHEMAS = SPEC / "schemas"
@@ -529,17 +530,23 @@ def test_close_codes_table():
     assert document["section"] == "15.5"
     assert not list(validator("tables/catalogue").iter_errors(document))
     codes = {entry["code"]: entry for entry in document["codes"]}
-    assert sorted(codes) == [4001, 4002, 4003, 4004, 4005, 4010]
+    assert sorted(codes) == [1001, 1009, 1011, 1013, 4001, 4002, 4003, 4004, 4005, 4010]
     assert len(codes) == len(document["codes"])
     names = {code: entry["name"] for code, entry in codes.items()}
-    assert names == {4001: "unauthorized", 4002: "hello_expired", 4003: "replaced_by_newer_connection",
+    assert names == {1001: "going_away", 1009: "message_too_big", 1011: "internal_error", 1013: "try_again_later",
+                     4001: "unauthorized", 4002: "hello_expired", 4003: "replaced_by_newer_connection",
                      4004: "member_already_connected", 4005: "protocol_error", 4010: "feature_unavailable"}
     known = {r["id"] for r in yaml.safe_load((SPEC / "requirements.yaml").read_text(encoding="utf-8"))["requirements"]}
     for code, entry in codes.items():
-        assert entry["sent_by"] == ("daemon" if code == 4010 else "broker")
+        assert entry["sent_by"] == {4010: "daemon", 1001: "either"}.get(code, "broker")
         assert entry["description"].strip()
-        assert entry["reason"] == ("close_reason" if code == 4010 else "name")
+        assert entry["reason"] == {4010: "close_reason", 1001: "any", 1009: "any", 1013: "listed"}.get(code, "name")
         assert set(entry.get("requirements", [])) <= known, code
+        # a standard code carries its RFC 6455 name, which is the name it is read by
+        assert ("rfc6455" in entry) == (code < 4000), code
+        if code < 4000:
+            assert entry["rfc6455"].lower().replace(" ", "_") == entry["name"] == CloseCode(code).name.lower()
+    assert sorted(codes[1013]["reasons"]) == ["slow_consumer", "try_again_later"]
     assert codes[4010]["reason_max_bytes"] == 123
     reason = validator(codes[4010]["reason_schema"])
     sample = {"kind": "feature_param_below_floor", "feature": "client_message_id_dedupe", "detail": "days=2 < 3"}
