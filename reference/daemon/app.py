@@ -26,6 +26,7 @@ from reference.core.limits import limit
 from spec import SPEC_VERSION, load_table, openapi_parameter, parameter_validator, schema
 
 from . import ports, problems
+from .contract import ResponseContract
 from .deadlines import peer_gone
 from .guard import BodyDrain, Guard, body_stream, transport_of
 from .link import BrokerTimeout, BrokerUnavailable
@@ -448,12 +449,14 @@ class AccessLog:
 def create_app(ctx: DaemonContext, requeue: Callable[..., dict[str, Any]]) -> falcon.App:
     """The IPC app: routes, the guard, the access counter and the single error serialiser."""
     guard = Guard(ctx.token, int(ctx.config["ipc"]["max_inflight"]))
+    middleware = [AccessLog(ctx.metrics), guard, BodyDrain()]
+    if ctx.config["daemon"].get("check_responses"):
+        middleware.insert(0, ResponseContract())  # first in the list: its process_response runs last
     # req: AUTH-ORIGIN -- Access-Control-Allow-Origin is never sent
-    app = falcon.App(middleware=[AccessLog(ctx.metrics), guard, BodyDrain()], cors_enable=False)
+    app = falcon.App(middleware=middleware, cors_enable=False)
     app.req_options.auto_parse_qs_csv = False
     app.req_options.strip_url_path_trailing_slash = False
     problems.install(app)
-    # req: API-CONFORMS -- the routes of spec/openapi.yaml; every error is a problem (problems.install)
     app.add_route("/v1/version", Version(ctx))
     app.add_route("/v1/health", Health(ctx))
     app.add_route("/v1/compat", Compat())

@@ -32,6 +32,8 @@ KEYS: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
         "drain_timeout_s": (5.0, (int, float), "how long SIGTERM waits for outstanding acks (E-15)"),
         "clock_file": ("", str, "testing only: a file whose number of seconds is added to the wall clock (the "
                        "conformance harness's clock hook, also --clock-file)"),
+        "check_responses": (False, bool, "testing only: hold every IPC response to spec/openapi.yaml; one that "
+                            "breaks it is logged (response_contract_violation) and answered 500 internal_error"),
     },
     "broker": {
         "url": ("", str, "broker WebSocket URL, e.g. ws://127.0.0.1:7900"),
