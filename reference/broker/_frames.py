@@ -14,7 +14,7 @@ import re
 from typing import Any
 
 from reference.core.limits import LimitExceeded, Unparsable, loads
-from spec import schema
+from spec import schema, validator
 
 from ._presence import Session
 from ._schemas import frame_schema
@@ -28,6 +28,8 @@ _DEFS = schema("common/defs")["$defs"]
 CLIENT_MESSAGE_ID = re.compile(_DEFS["client_message_id"]["pattern"])
 FINGERPRINT_HEX = re.compile(_DEFS["fingerprint_hex"]["pattern"])
 MAX_DETAIL = 200
+#: the requestId an error frame may echo (spec/schemas/broker/list_peers.json#/$defs/request_id)
+REQUEST_ID = validator("broker/list_peers#/$defs/request_id")
 
 
 def parse_frame(raw: str | bytes) -> tuple[dict[str, Any] | None, str | None]:
@@ -61,7 +63,7 @@ class DaemonFrames:
 def error_frame(code: str, message: str, request_id: Any = None) -> dict[str, Any]:
     """An ``error`` frame (spec/schemas/broker/error.json)."""
     frame = {"type": "error", "code": code, "message": message[:MAX_DETAIL]}
-    if isinstance(request_id, str) and 1 <= len(request_id) <= 128:
+    if REQUEST_ID.is_valid(request_id):
         frame["requestId"] = request_id
     return frame
 

@@ -22,11 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from reference.core.codes import exit_code
+from spec import validator
 
 #: E-15 (spec/tables/exit_codes.yaml): the broker's exit codes, with the daemon's meanings
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CONFIG = map(exit_code, ("ok", "error", "usage", "invalid_config"))
 DEFAULT_STORE = "sqlite:///broker.db"
-PUBKEY = re.compile(r"^[0-9a-f]{64}$")
+#: a member's public key (spec/schemas/common/defs.json pubkey_hex)
+PUBKEY = validator("common/defs#/$defs/pubkey_hex")
 DEV_BANNER = (
     "\n"
     "  !!! meshd broker --dev: ANY ed25519 key is admitted as a member of ANY mesh. Meshes and topics are created on\n"
@@ -160,7 +162,7 @@ def _pubkey(value: str) -> str:
     if path.is_file():
         value = json.loads(path.read_text(encoding="utf-8"))["ed25519_pubkey"]
     value = value.lower()
-    if not PUBKEY.fullmatch(value):
+    if not PUBKEY.is_valid(value):
         raise argparse.ArgumentTypeError("--pubkey wants 64 hex characters, a keypair.json or a daemon state dir")
     return value
 

@@ -23,7 +23,7 @@ from ulid import ULID
 from reference.clock import rfc3339_ms as format_rfc3339_ms
 from reference.core import RequestError, SendRequest, parse_send
 from reference.core.limits import limit
-from spec import SPEC_VERSION, load_table, openapi_parameter, parameter_validator, schema
+from spec import SPEC_VERSION, load_table, openapi, openapi_parameter, parameter_validator, schema
 
 from . import ports, problems
 from .contract import ResponseContract
@@ -33,8 +33,10 @@ from .link import BrokerTimeout, BrokerUnavailable
 from .problems import Problem
 from .store import AcceptItem
 
-IPC_FEATURES = ["version", "health", "send", "inbox", "events", "peers", "profile", "outbox", "outbox_requeue",
-                "metrics", "compat"]
+_VERSION = openapi()["components"]["schemas"]["Version"]["properties"]
+#: GET /v1/version's ipc_api and ipc_features: the const and the features spec/openapi.yaml's Version requires
+IPC_API: str = _VERSION["ipc_api"]["const"]
+IPC_FEATURES = [required["contains"]["const"] for required in _VERSION["ipc_features"]["allOf"]]
 SCHEMA_VERSION = 1
 # req: LIMIT-BODY-ROUTES -- 16 KiB for profile, 4 KiB for requeue
 PROFILE_LIMIT = int(limit("ipc_profile_body_bytes"))
@@ -154,7 +156,7 @@ class Version:
         negotiated = self.ctx.link.state.negotiated
         _send_json(resp, 200, {
             # req: API-VERSION
-            "daemon_version": SPEC_VERSION, "ipc_api": "v1", "ipc_features": IPC_FEATURES,
+            "daemon_version": SPEC_VERSION, "ipc_api": IPC_API, "ipc_features": IPC_FEATURES,
             "schema_version": SCHEMA_VERSION, "broker_features_negotiated": sorted(negotiated),
             "broker_feature_params": {bit: dict(params) for bit, params in sorted(negotiated.items())},
         })

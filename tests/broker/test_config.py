@@ -1,12 +1,17 @@
-"""The reference broker's settings hold to spec/tables/features.yaml: what it may be told, and what it advertises."""
+"""The reference broker's settings hold to spec/tables/features.yaml (what it may be told, and what it advertises),
+and what it reads or echoes holds to the schemas (a --pubkey, an error frame's requestId)."""
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
+from reference.broker._frames import error_frame
+from reference.broker.cli import _pubkey
 from reference.broker.config import BrokerConfig, BrokerConfigError, supported_features
 from reference.core import negotiate
-from spec import load_table
+from spec import load_table, validator
 
 BITS = load_table("features")["bits"]
 EVERY_BIT = list(BITS)
@@ -35,3 +40,24 @@ def test_a_setting_no_daemon_would_accept_is_refused(setting, message):
     a max_payload below its minimum, a policy or dedupe mode the table does not name."""
     with pytest.raises(BrokerConfigError, match=message):
         BrokerConfig(store_url="sqlite:///unused.db", **setting)
+
+
+@pytest.mark.parametrize(("value", "taken"), [
+    ("ab" * 32, "ab" * 32), ("AB" * 32, "ab" * 32), ("ab" * 31, None), ("ab" * 32 + "\n", None), ("xy" * 32, None)])
+def test_a_pubkey_argument_is_the_defs_pubkey_hex(value, taken):
+    """meshd broker add-member --pubkey takes what common/defs pubkey_hex takes (upper case is lowered first)."""
+    assert validator("common/defs#/$defs/pubkey_hex").is_valid(value) == (value == taken)
+    if taken is None:
+        with pytest.raises(argparse.ArgumentTypeError):
+            _pubkey(value)
+    else:
+        assert _pubkey(value) == taken
+
+
+@pytest.mark.parametrize(("request_id", "echoed"), [("r", True), ("r" * 128, True), ("r" * 129, False), ("", False),
+                                                    (7, False), (None, False)])
+def test_an_error_frame_echoes_a_request_id_the_schema_allows(request_id, echoed):
+    frame = error_frame("invalid_frame", "no", request_id)
+    assert ("requestId" in frame) == echoed
+    assert validator("broker/error").is_valid(frame)
+    assert validator("broker/list_peers#/$defs/request_id").is_valid(request_id) == echoed
