@@ -13,31 +13,37 @@ import tomllib
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from spec import load_table
+
 # How far a measured gap may stray from the declared schedule because of the machine (thread wake-ups, a loaded
 # CI runner) rather than the implementation: below by ``EARLY_MS`` (clock granularity), above by ``LATE_MS``.
 EARLY_MS = 15.0
 LATE_MS = 200.0
+#: the meshspec defaults: spec/tables/timing.yaml's schedules and keepalive, limits.yaml's read deadlines (E-43)
+_TIMING = load_table("timing")
+_RETRY, _RECONNECT = _TIMING["backoff"]["outbox_retry"], _TIMING["backoff"]["reconnect"]
+_LIMITS = load_table("limits")["limits"]
 
 
 @dataclass(frozen=True)
 class Timing:
     """Declared timing of the implementation under test."""
 
-    retry_base_ms: float = 500.0
-    retry_max_ms: float = 30_000.0
-    retry_multiplier: float = 2.0
-    retry_jitter: float = 0.25
+    retry_base_ms: float = float(_RETRY["base_ms"])
+    retry_max_ms: float = float(_RETRY["max_ms"])
+    retry_multiplier: float = float(_RETRY["multiplier"])
+    retry_jitter: float = float(_RETRY["jitter"])
     poll_ms: float = 0.0
     ack_timeout_s: float = 15.0
-    reconnect_initial_ms: float = 500.0
-    reconnect_max_ms: float = 30_000.0
-    reconnect_multiplier: float = 2.0
-    reconnect_jitter: float = 0.25
+    reconnect_initial_ms: float = float(_RECONNECT["base_ms"])
+    reconnect_max_ms: float = float(_RECONNECT["max_ms"])
+    reconnect_multiplier: float = float(_RECONNECT["multiplier"])
+    reconnect_jitter: float = float(_RECONNECT["jitter"])
     hello_timeout_s: float = 5.0
-    keepalive_s: float = 15.0
-    header_read_s: float = 5.0
-    body_read_s: float = 10.0
-    source: str = "meshspec defaults (E-14, E-35): the target declared no timing"
+    keepalive_s: float = float(_TIMING["sse_keepalive_s"]["value"])
+    header_read_s: float = float(_LIMITS["ipc_header_read_s"]["value"])
+    body_read_s: float = float(_LIMITS["ipc_body_read_s"]["value"])
+    source: str = "meshspec defaults (E-13, E-14, E-35, E-43): the target declared no timing"
 
     def retry_delay_ms(self, failures: int) -> float:
         """The nominal wait after the ``failures``-th failed attempt (1-based), before jitter."""

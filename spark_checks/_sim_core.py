@@ -29,8 +29,8 @@ class Core:
     def __init__(self) -> None:
         from reference.core import OutboxPolicy, derive
 
-        self.policy = OutboxPolicy(retry_base_ms=500, retry_max_ms=30_000, jitter=0.25,
-                                   max_age_hours=derive("retention_scoped", 7, override_hours=1).hours)
+        # E-14's default retry schedule (timing.yaml), and rows that age out within the hour
+        self.policy = OutboxPolicy(max_age_hours=derive("retention_scoped", 7, override_hours=1).hours)
         self._ipc: dict[tuple[str, bool | None], tuple[str, int]] = {}
         self._transition: dict[tuple[str, str], Step | None] = {}
         self._broker: dict[tuple[str, ...], tuple[str, str, str]] = {}

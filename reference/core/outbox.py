@@ -24,6 +24,8 @@ STATES: tuple[str, ...] = tuple(schema("common/defs")["$defs"]["outbox_status"][
 #: the states no event but requeue leaves (spec/tables/outbox.yaml ``terminal``)
 TERMINAL = frozenset(name for name, state in load_table("outbox")["states"].items() if state["terminal"])
 MAX_AGE_ERROR = "max_age_exceeded"
+#: E-14's retry schedule and its defaults (spec/tables/timing.yaml ``backoff.outbox_retry``)
+RETRY = load_table("timing")["backoff"]["outbox_retry"]
 
 
 class TransitionError(TableError):
@@ -61,9 +63,9 @@ class OutboxRow:
 class OutboxPolicy:
     """Retry timing (E-14). ``jitter`` is the fraction of the backoff that random jitter may add or remove."""
 
-    retry_base_ms: int = 500
-    retry_max_ms: int = 30_000
-    jitter: float = 0.25
+    retry_base_ms: int = RETRY["base_ms"]
+    retry_max_ms: int = RETRY["max_ms"]
+    jitter: float = RETRY["jitter"]
     max_age_hours: int | None = None
 
 
@@ -103,10 +105,11 @@ class Transition:
 
 
 def backoff_ms(attempts: int, policy: OutboxPolicy, jitter_unit: float = 0.0) -> int:
-    """``min(max, base * 2^(attempts-1))`` with ±``policy.jitter`` applied (E-14)."""
+    """``min(max, base * multiplier^(attempts-1))`` with ±``policy.jitter`` applied (E-14; the multiplier is
+    timing.yaml's, 2)."""
     # req: OBX-BACKOFF -- no attempt limit: the exponent only caps the delay
     exponent = max(attempts - 1, 0)
-    raw = policy.retry_base_ms * (2 ** min(exponent, 32))
+    raw = policy.retry_base_ms * (RETRY["multiplier"] ** min(exponent, 32))
     capped = min(policy.retry_max_ms, raw)
     unit = max(-1.0, min(1.0, jitter_unit))
     return max(0, round(capped * (1 + policy.jitter * unit)))

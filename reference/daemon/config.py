@@ -17,6 +17,8 @@ from spec import load_table
 
 _FEATURES = load_table("features")
 _MAX_AGE = load_table("max_age")
+_TIMING = load_table("timing")
+_RETRY, _RECONNECT = _TIMING["backoff"]["outbox_retry"], _TIMING["backoff"]["reconnect"]
 
 
 class ConfigError(ValueError):
@@ -53,7 +55,7 @@ KEYS: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
                          "requests in flight on one transport before 429 daemon_busy"),
         "max_streams": (limit("ipc_streams_per_transport"), int,
                         "concurrent /v1/events streams on one transport before 429 too_many_streams"),
-        "keepalive_s": (15.0, (int, float), "SSE keepalive comment interval"),
+        "keepalive_s": (float(_TIMING["sse_keepalive_s"]["value"]), (int, float), "SSE keepalive comment interval"),
         "threads": (limit("ipc_threads_per_transport"), int,
                     "request threads of each transport (must exceed max_inflight + max_streams)"),
         "max_connections": (limit("ipc_connections_per_transport"), int,
@@ -69,9 +71,9 @@ KEYS: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
                           f"permanent-mode max age (capped at {_MAX_AGE['permanent_cap_hours']}); "
                           "retention_scoped mode derives it (§4.9)"),
         "max_age_hours_override": (0, int, "operator override; 0 = none; must stay inside the dedupe window"),
-        "retry_base_ms": (500, int, "first retry delay"),
-        "retry_max_ms": (30_000, int, "retry delay cap"),
-        "retry_jitter": (0.25, (int, float), "± fraction of jitter on every retry delay"),
+        "retry_base_ms": (_RETRY["base_ms"], int, "first retry delay"),
+        "retry_max_ms": (_RETRY["max_ms"], int, "retry delay cap"),
+        "retry_jitter": (_RETRY["jitter"], (int, float), "± fraction of jitter on every retry delay"),
         "ack_timeout_s": (15.0, (int, float), "how long an inflight row waits for its ack"),
         "synchronous": ("FULL", str, "SQLite synchronous mode for outbox.db: FULL (default) or EXTRA"),
         "group_commit_ms": (0.0, (int, float),
@@ -82,11 +84,11 @@ KEYS: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
         "event_retention": (100_000, int, "events kept for Last-Event-ID replay"),
     },
     "reconnect": {
-        # req: WS-RECONNECT-SCHEDULE -- the §13 defaults
-        "initial_ms": (500, int, "first reconnect delay"),
-        "max_ms": (30_000, int, "reconnect delay cap"),
-        "multiplier": (2.0, (int, float), "backoff multiplier"),
-        "jitter": (0.25, (int, float), "± fraction of jitter"),
+        # req: WS-RECONNECT-SCHEDULE -- the §13 defaults (timing.yaml)
+        "initial_ms": (_RECONNECT["base_ms"], int, "first reconnect delay"),
+        "max_ms": (_RECONNECT["max_ms"], int, "reconnect delay cap"),
+        "multiplier": (float(_RECONNECT["multiplier"]), (int, float), "backoff multiplier"),
+        "jitter": (_RECONNECT["jitter"], (int, float), "± fraction of jitter"),
     },
     "features": {
         "require": (list(_FEATURES["daemon_defaults"]["require"]), list,

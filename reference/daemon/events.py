@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from reference.clock import now_rfc3339
+from reference.core.limits import limit
+from spec import load_table
 
 from .problems import Problem
 
@@ -27,7 +29,8 @@ WAKE_S = 1.0
 class EventBus:
     """Publishes events through the inbox store and feeds the SSE streams."""
 
-    def __init__(self, inbox: Any, max_streams: int = 32, keepalive_s: float = 15.0, trace: Any = None,
+    def __init__(self, inbox: Any, max_streams: int = int(limit("ipc_streams_per_transport")),
+                 keepalive_s: float = float(load_table("timing")["sse_keepalive_s"]["value"]), trace: Any = None,
                  batch: int = 500, clock: Callable[[], float] = time.time):
         self.inbox = inbox
         self.clock = clock

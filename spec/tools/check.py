@@ -44,6 +44,7 @@ TABLE_SCHEMAS = {
     "limits": "tables/limits",
     "close_codes": "tables/close_codes",
     "exit_codes": "tables/exit_codes",
+    "timing": "tables/timing",
 }
 CATALOGUE_SCHEMA = "tables/catalogue"
 CASE_IDS = Path("conformance") / "case_ids.json"

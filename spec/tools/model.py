@@ -65,7 +65,9 @@ VARIANTS = ("A", "B")
 TERMINAL = frozenset(name for name, state in load_table("outbox")["states"].items() if state["terminal"])
 FAULTS = frozenset({"BrokerCommitFail", "LoseMessage", "LinkDrop", "AckTimeoutEarly", "CrashRestart"})
 UNFAIR = frozenset({"Post", "Requeue", "MaxAge"})  # clients, the operator and the clock: no fairness in Outbox.tla
-POLICY = {"retry_base_ms": 500, "retry_max_ms": 30_000, "jitter": 0.0, "max_age_hours": 72}  # the OutboxPolicy
+_RETRY = load_table("timing")["backoff"]["outbox_retry"]
+#: the OutboxPolicy of a model run: E-14's schedule without jitter (timing.yaml)
+POLICY = {"retry_base_ms": _RETRY["base_ms"], "retry_max_ms": _RETRY["max_ms"], "jitter": 0.0, "max_age_hours": 72}
 NOW = 0
 _FINGERPRINT = {variant: hashlib.sha256(variant.encode()).digest() for variant in VARIANTS}
 _VARIANT = {digest: variant for variant, digest in _FINGERPRINT.items()}

@@ -342,3 +342,17 @@ def test_frames_without_a_priority_take_the_send_requests_default():
     assert default == "next"
     assert member.send_frame("c-1", "#t", "hi")["priority"] == default
     assert ScriptedBroker(PeerConfig()).push_frame(body="hi")["priority"] == default
+
+
+def test_the_default_timing_is_the_timing_and_limits_tables():
+    table = load_table("timing")
+    retry, reconnect = table["backoff"]["outbox_retry"], table["backoff"]["reconnect"]
+    limits = load_table("limits")["limits"]
+    default = timing.Timing()
+    assert (default.retry_base_ms, default.retry_max_ms, default.retry_multiplier, default.retry_jitter) == (
+        retry["base_ms"], retry["max_ms"], retry["multiplier"], retry["jitter"])
+    assert (default.reconnect_initial_ms, default.reconnect_max_ms, default.reconnect_multiplier,
+            default.reconnect_jitter) == (reconnect["base_ms"], reconnect["max_ms"], reconnect["multiplier"],
+                                          reconnect["jitter"])
+    assert (default.keepalive_s, default.header_read_s, default.body_read_s) == (
+        table["sse_keepalive_s"]["value"], limits["ipc_header_read_s"]["value"], limits["ipc_body_read_s"]["value"])

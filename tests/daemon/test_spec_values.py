@@ -13,9 +13,11 @@ import falcon.testing
 import pytest
 from gunicorn.http import errors as http_errors
 
-from reference.daemon.app import DaemonContext, create_app
+from reference.daemon.app import IPC_API, IPC_FEATURES, DaemonContext, create_app
 from reference.daemon.cli import OUTBOX_FILTERS, add_commands
+from reference.daemon.config import KEYS
 from reference.daemon.deadlines import ReadTimeout
+from reference.daemon.events import EventBus
 from reference.daemon.metrics import DaemonMetrics
 from reference.daemon.problems import FALCON_REFUSALS, Problem, falcon_codes
 from reference.daemon.server import problem_for, problem_response
@@ -165,3 +167,34 @@ def test_meshd_outbox_list_filters_each_outbox_state_once():
     add_commands(parser.add_subparsers())
     listing = parser.parse_args(["outbox", "list"])
     assert listing.limit == openapi_parameter("/v1/outbox", "get", "limit")["default"]
+
+
+# --- timing defaults: spec/tables/timing.yaml and limits.yaml ------------------------------------------------------
+
+def test_the_configs_timing_defaults_are_the_timing_tables():
+    """WS-RECONNECT-SCHEDULE, OBX-BACKOFF, SSE-KEEPALIVE: each default of a key the table names is the table's."""
+    timing = load_table("timing")
+    named = [(schedule["config"][member], schedule[member]) for schedule in timing["backoff"].values()
+             for member in schedule["config"]] + [(timing["sse_keepalive_s"]["config"],
+                                                   timing["sse_keepalive_s"]["value"])]
+    assert sorted(key for key, _ in named) == ["ipc.keepalive_s", "outbox.retry_base_ms", "outbox.retry_jitter",
+                                               "outbox.retry_max_ms", "reconnect.initial_ms", "reconnect.jitter",
+                                               "reconnect.max_ms", "reconnect.multiplier"]
+    for key, value in named:
+        section, name = key.split(".")
+        assert KEYS[section][name][0] == value, key
+
+
+def test_the_event_bus_defaults_are_the_configs():
+    bus = EventBus(inbox=None)
+    assert (bus.max_streams, bus.keepalive_s) == (KEYS["ipc"]["max_streams"][0], KEYS["ipc"]["keepalive_s"][0])
+
+
+# --- GET /v1/version: spec/openapi.yaml's Version ------------------------------------------------------------------
+
+def test_the_version_body_names_what_the_openapi_version_schema_requires():
+    version = openapi()["components"]["schemas"]["Version"]["properties"]
+    assert IPC_API == version["ipc_api"]["const"] == "v1"
+    assert [entry["contains"]["const"] for entry in version["ipc_features"]["allOf"]] == IPC_FEATURES
+    assert IPC_FEATURES == ["version", "health", "send", "inbox", "events", "peers", "profile", "outbox",
+                            "outbox_requeue", "metrics", "compat"]
