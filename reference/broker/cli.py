@@ -16,11 +16,11 @@ import re
 import signal
 import sys
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from reference.clock import wall_ms
 from reference.core.codes import exit_code
 from spec import validator
 
@@ -209,7 +209,7 @@ def cmd_retention_sweep(args: argparse.Namespace) -> int:
     store = _open(args.store)
     trace = TraceWriter(args.trace_dir, "broker", args.trace_node) if args.trace_dir else None
     try:
-        now_ms = args.now_ms if args.now_ms is not None else time.time_ns() // 1_000_000
+        now_ms = args.now_ms if args.now_ms is not None else wall_ms()
         result = retention_sweep(store, now_ms, int(args.message_retention_days * 86_400_000),
                                  trace.emit if trace else None)
     finally:

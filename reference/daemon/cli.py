@@ -300,11 +300,12 @@ def cmd_inbox_quarantine(args: argparse.Namespace) -> int:
     from .store import InboxStore
 
     state_dir = _state_dir(args)
-    path = StateDir(state_dir).inbox_db
-    if not path.exists():
+    files = StateDir(state_dir)
+    if not files.inbox_db.exists():
         err.print(f"meshd: no inbox in {state_dir}")
         return EXIT_ERROR
-    store = InboxStore(path)  # WAL: reading beside a running daemon is safe
+    # WAL: reading beside a running daemon is safe; a migration it applies is stamped by the daemon's clock
+    store = InboxStore(files.inbox_db, clock=WallClock(load(files.config)["daemon"]["clock_file"]).ms)
     try:
         records = [frame.as_dict() for frame in store.quarantined(limit=args.limit)]
     finally:

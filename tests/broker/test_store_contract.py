@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import datetime
 
 import pytest
 from store_testkit import (
@@ -24,6 +25,7 @@ from store_testkit import (
     fingerprint_of,
     make_request,
     new_ids,
+    populate,
     raw_execute,
     valid_ack,
 )
@@ -503,6 +505,30 @@ def test_migrations_are_versioned_and_idempotent(bare_store: BrokerStore) -> Non
         again.close()
     assert bare_store.counts()["mesh"] == 1
     assert raw_execute(bare_store, "SELECT version FROM {s}schema_migrations") == [(1,)]
+
+
+def test_the_stores_own_times_are_its_clocks(store_url: str) -> None:
+    """What the store stamps on its own (an applied migration) and the now of a maintenance call given none are the
+    clock it was opened with, not the host's."""
+    store = open_store(store_url, clock=lambda: T0 + 7)
+    try:
+        store.migrate()
+        [(applied_at,)] = raw_execute(store, "SELECT applied_at FROM {s}schema_migrations")
+        assert unix_ms(applied_at) == T0 + 7
+        populate(store)
+        accept(store, make_request())
+        [delivery] = store.pending_deliveries(BOB, now_ms=T0 + 1, lease_ms=1_000)
+        assert store.ack_delivery(delivery.delivery_id, BOB)
+        [(acked_at,)] = raw_execute(store, "SELECT acked_at FROM {s}delivery_queue WHERE id = "
+                                           + str(delivery.delivery_id))
+        assert unix_ms(acked_at) == T0 + 7
+    finally:
+        store.close()
+
+
+def unix_ms(value: int | datetime) -> int:
+    """A time column's value in unix ms (SQLite stores the integer, PostgreSQL a timestamptz)."""
+    return value if isinstance(value, int) else round(value.timestamp() * 1000)
 
 
 def test_a_database_migrated_by_newer_code_is_refused(bare_store: BrokerStore) -> None:

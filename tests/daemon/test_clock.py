@@ -6,6 +6,7 @@ ahead of the wall clock: a timestamp taken from ``time`` instead of the injected
 
 from __future__ import annotations
 
+import argparse
 import json
 import sqlite3
 import time
@@ -17,9 +18,10 @@ import falcon.testing
 from conformance.peer import ScriptedBroker
 from reference.clock import now_rfc3339, rfc3339_ms, wall_ms
 from reference.core import OutboxPolicy
+from reference.daemon.cli import cmd_inbox_quarantine
 from reference.daemon.config import load
 from reference.daemon.runtime import Runtime, preflight
-from reference.daemon.store import InboxStore, OutboxStore
+from reference.daemon.store import InboxStore, OutboxStore, migrations
 from reference.state_dir import StateDir, quarantine_path
 
 OFFSET_S = 1_000_000_000
@@ -109,3 +111,27 @@ def test_an_injected_clock_drives_every_timestamp_the_daemon_writes(tmp_path: Pa
                                                                         ).fetchone()[0]
     assert {name: start - 1_000 <= at <= end + 1_000 for name, at in stamps.items()} == dict.fromkeys(stamps, True)
     assert 0 <= health["uptime_s"] < 120  # started_at and now come from the same clock
+
+
+def test_meshd_inbox_quarantine_opens_the_inbox_with_the_daemons_clock(tmp_path: Path, capsys):
+    """A migration the CLI applies to an inbox the daemon left at an older schema is stamped by the daemon's clock
+    (its [daemon] clock_file), as the daemon would stamp it."""
+    files = StateDir(tmp_path)
+    clock_file = tmp_path / "clock"
+    clock_file.write_text(f"{OFFSET_S}\n", encoding="ascii")
+    files.config.write_text(f'[daemon]\nclock_file = "{clock_file}"\n', encoding="utf-8")
+    first = migrations("inbox")[0]
+    with sqlite3.connect(files.inbox_db) as conn:
+        conn.execute("CREATE TABLE schema_version (version INTEGER PRIMARY KEY, name TEXT NOT NULL,"
+                     " applied_at INTEGER NOT NULL)")
+        conn.executescript(first.sql)
+        conn.execute("INSERT INTO schema_version VALUES (?, ?, ?)", (first.version, first.name, T0))
+    before = wall_ms()
+    args = argparse.Namespace(state_dir=tmp_path, mesh="default", limit=10, frames=False, json=True)
+    assert cmd_inbox_quarantine(args) == 0
+    assert json.loads(capsys.readouterr().out) == []
+    with sqlite3.connect(files.inbox_db) as conn:
+        applied = dict(conn.execute("SELECT version, applied_at FROM schema_version").fetchall())
+    assert set(applied) == {m.version for m in migrations("inbox")}
+    assert all(before + OFFSET_S * 1000 <= at <= wall_ms() + OFFSET_S * 1000
+               for version, at in applied.items() if version > first.version)

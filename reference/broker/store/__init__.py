@@ -42,7 +42,8 @@ POSTGRES_PREFIXES = ("postgresql://", "postgres://")
 def open_store(url: str, **options: Any) -> BrokerStore:
     """The store for ``url``: ``sqlite:///PATH`` (a file; ``:memory:`` is refused) or ``postgresql://…``.
 
-    ``options`` (``checks``, ``fault_hook``) go to the store's constructor. The store is not migrated yet.
+    ``options`` (``checks``, ``fault_hook``, ``clock``: unix ms, default ``reference.clock.wall_ms``) go to the store's
+    constructor. The store is not migrated yet.
 
     Raises:
         ValueError: an unknown scheme or an in-memory SQLite URL.

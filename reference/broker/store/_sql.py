@@ -34,11 +34,11 @@ import json
 import logging
 import re
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from importlib import resources
 from typing import Any, ClassVar
 
+from reference.clock import wall_ms
 from reference.core import broker_accept
 from reference.core.fingerprint import (
     FingerprintInput,
@@ -109,11 +109,15 @@ class SqlBrokerStore(BrokerStore):
     engine: ClassVar[str]
     SQL: ClassVar[Mapping[str, str]]
 
-    def __init__(self, checks: AcceptChecks | None = None, fault_hook: Callable[[str], None] | None = None):
+    def __init__(self, checks: AcceptChecks | None = None, fault_hook: Callable[[str], None] | None = None,
+                 clock: Callable[[], int] = wall_ms):
         missing = [name for name in STATEMENTS if name not in self.SQL]
         if missing:
             raise StoreError(f"{type(self).__name__}.SQL lacks {missing}")
         self.checks = checks or AcceptChecks()
+        #: unix ms: stamps what the store writes on its own (applied migrations) and is the ``now`` of a
+        #: maintenance call given none
+        self.clock = clock
         #: Test seam: called with "message", "history", "delivery" before each in-transaction insert and with
         #: "commit" just before COMMIT; raising from it forces the failure path (BRK-COMMIT-FAIL).
         self.fault_hook = fault_hook
@@ -226,7 +230,7 @@ class SqlBrokerStore(BrokerStore):
                 if version in done:
                     continue
                 self._run_script(cur, script)
-                self._x(cur, "record_migration", version=version, name=name, applied_at=_now_ms())
+                self._x(cur, "record_migration", version=version, name=name, applied_at=self.clock())
                 applied_now.append(version)
         if applied_now:
             log.info("broker_store_migrated engine=%s versions=%s", self.engine, applied_now)
@@ -591,7 +595,7 @@ class SqlBrokerStore(BrokerStore):
     def ack_delivery(self, delivery_id: int, recipient: str, now_ms: int | None = None, *,
                      broker_message_id: str | None = None) -> bool:
         with self._transaction(write=True) as cur:
-            acked_at = _now_ms() if now_ms is None else now_ms
+            acked_at = self.clock() if now_ms is None else now_ms
             # req: BRK-CLIENT-ACK
             cur = self._x(cur, "ack_delivery", id=delivery_id, recipient=recipient, now=acked_at,
                           broker_message_id=broker_message_id)
@@ -621,7 +625,7 @@ class SqlBrokerStore(BrokerStore):
         with self._transaction(write=False) as cur:
             # req: BRK-ORPHAN-CHECK
             for rule in ORPHAN_RULES:
-                for row in self._x(cur, rule, now=_now_ms() if now_ms is None else now_ms).fetchall():
+                for row in self._x(cur, rule, now=self.clock() if now_ms is None else now_ms).fetchall():
                     found.append(Violation(rule, row["mesh_id"], str(row["ref"]), row["detail"]))
         for violation in found:
             log.warning("cm_broker_dedupe_orphan_found mesh_id=%s kind=%s ref=%s %s", violation.mesh_id,
@@ -631,10 +635,6 @@ class SqlBrokerStore(BrokerStore):
     def counts(self) -> dict[str, int]:
         with self._transaction(write=False) as cur:
             return {table: int(self._x(cur, f"count_{table}").fetchone()["n"]) for table in TABLES}
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def _delivery(row: Mapping[str, Any]) -> Delivery:

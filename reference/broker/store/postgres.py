@@ -14,12 +14,15 @@ Times are TIMESTAMPTZ in the tables and unix milliseconds at the interface (``me
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
 from psycopg import IsolationLevel
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
+
+from reference.clock import wall_ms
 
 from ._sql import TABLES, SqlBrokerStore
 from .base import AcceptChecks
@@ -250,10 +253,11 @@ class PostgresStore(SqlBrokerStore):
     engine = "postgres"
     SQL = SQL
 
-    def __init__(self, dsn: str, checks: AcceptChecks | None = None, fault_hook: Any = None):
+    def __init__(self, dsn: str, checks: AcceptChecks | None = None, fault_hook: Any = None,
+                 clock: Callable[[], int] = wall_ms):
         self.dsn = dsn
         self.url = dsn
-        super().__init__(checks, fault_hook)
+        super().__init__(checks, fault_hook, clock)
 
     def _connect(self) -> psycopg.Connection:
         conn = psycopg.connect(self.dsn, autocommit=False, row_factory=dict_row)

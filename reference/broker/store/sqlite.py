@@ -15,8 +15,11 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from reference.clock import wall_ms
 
 from ._sql import TABLES, SqlBrokerStore
 from .base import AcceptChecks
@@ -234,7 +237,8 @@ class SqliteStore(SqlBrokerStore):
     engine = "sqlite"
     SQL = SQL
 
-    def __init__(self, path: str | Path, checks: AcceptChecks | None = None, fault_hook: Any = None):
+    def __init__(self, path: str | Path, checks: AcceptChecks | None = None, fault_hook: Any = None,
+                 clock: Callable[[], int] = wall_ms):
         if str(path) in ("", ":memory:") or str(path).startswith("file:"):
             raise ValueError("SqliteStore needs a file path (every thread opens its own connection)")
         self.path = Path(path)
@@ -244,7 +248,7 @@ class SqliteStore(SqlBrokerStore):
             with contextlib.suppress(FileNotFoundError):  # a missing directory fails on connect, with SQLite's words
                 # req: LIFE-PRIVATE-FILES -- broker.db; SQLite gives its WAL files the same mode
                 os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
-        super().__init__(checks, fault_hook)
+        super().__init__(checks, fault_hook, clock)
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(
