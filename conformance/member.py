@@ -197,12 +197,16 @@ class Member:
             if self._recv_one(0.2) is None:
                 return
 
-    def send(self, frame: dict[str, Any] | str) -> bool:
-        """Send a frame (a dict as JSON, a str verbatim); False when the connection is already gone."""
+    def send(self, frame: dict[str, Any] | str | bytes) -> bool:
+        """Send a frame (a dict as JSON text, a str verbatim, bytes as a binary message); False when the connection
+        is already gone."""
         if self.ws is None:
             return False
         try:
-            self.ws.send(frame if isinstance(frame, str) else json.dumps(frame))
+            if isinstance(frame, bytes):
+                self.ws.send_bytes(frame)
+            else:
+                self.ws.send(frame if isinstance(frame, str) else json.dumps(frame))
         except (OSError, websocket.WebSocketException):
             self._closed(self.close_code, self.close_reason)
             return False

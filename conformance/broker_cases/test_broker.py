@@ -132,6 +132,34 @@ def test_frames_out_of_order_or_unparsable_close_4005(member, verdict):
                        f"{', and the send was accepted' if accepted else ''}; expected a 4005 protocol_error close")
 
 
+@case("broker.frame_ijson", "LINK-FRAME-IJSON")
+def test_binary_and_duplicate_key_frames_close_4005(member, verdict):
+    """E-46: a frame is one I-JSON text message. A hello in a binary message, a send in a binary message and a send
+    naming ``body`` twice each close 4005 protocol_error, and no such send is accepted."""
+    for what, stage, frame in (
+        ("a hello in a binary message", "connected", None),
+        ("a send in a binary message", "joined", json.dumps(send_frame(cmid("binary"), TOPIC, "binary")).encode()),
+        ("a send naming body twice", "joined",
+         json.dumps(send_frame(cmid("twice"), TOPIC, "first")).replace('"body": "first"',
+                                                                       '"body": "first", "body": "second"')),
+    ):
+        peer = member(name="ijson")
+        if stage == "connected":
+            peer.connect()
+            frame = json.dumps(peer.hello()).encode()
+        else:
+            peer.open()
+            if not peer.joined:
+                verdict.blocked(["LINK-FRAME-IJSON"], "a fresh member could not join: broker.hello.auth says why")
+        peer.send(frame)
+        outcome = peer.close_code_within(CLOSE_S)
+        sent = json.loads(frame) if stage == "joined" else {}
+        accepted = [a for a in peer.acks(sent.get("client_message_id", "")) if a.get("status") in (200, 201)]
+        verdict.expect("LINK-FRAME-IJSON", outcome == close_code("protocol_error") and not accepted,
+                       f"after {what} the connection was {'closed ' if outcome != 'open' else 'left '}{outcome}"
+                       f"{', and the send was accepted' if accepted else ''}; expected a 4005 protocol_error close")
+
+
 def _nested(levels: int) -> dict:
     """An object ``levels`` deep (itself level 1)."""
     value: object = 1

@@ -200,6 +200,28 @@ def test_poison_frames_neither_end_the_link_nor_come_back(api, broker, verdict):
                    "the daemon closed the link")
 
 
+@case("inbound.frame_ijson", "LINK-FRAME-IJSON")
+def test_binary_and_duplicate_key_pushes_are_not_stored(api, broker, verdict):
+    """E-46: a frame is one I-JSON text message. A valid push sent as a binary message and a push naming
+    ``senderName`` twice are not stored (the daemon quarantines them, E-41); the next push is."""
+    link = broker.wait_linked()
+    binary = broker.push_frame(body="binary", client_message_id=unique("ijson-binary"))
+    twice = broker.push_frame(body="twice", client_message_id=unique("ijson-twice"))
+    messages = [("a push in a binary message", binary, json.dumps(binary).encode()),
+                ("a push naming senderName twice", twice,
+                 json.dumps(twice).replace('"senderName": "scripted"', '"senderName": "scripted", "senderName": "x"'))]
+    for what, frame, message in messages:
+        try:
+            broker.send_raw(message, link.connection)
+        except ConnectionError:
+            verdict.blocked(["LINK-FRAME-IJSON"], f"the link was gone before {what}")
+        after = unique("after-ijson")
+        broker.push(body="after", client_message_id=after, connection=link.connection)
+        wait_inbound(api, broker, after, timeout=10)
+        stored = [i for i in inbox_items(api)[0] if i.get("client_message_id") == frame["client_message_id"]]
+        verdict.expect("LINK-FRAME-IJSON", not stored, f"{what} was stored in the inbox: {stored[:1]}")
+
+
 # --- the IPC against hostile local clients ---------------------------------------------------------------------
 
 

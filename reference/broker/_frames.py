@@ -1,10 +1,11 @@
 """Frames on the broker link: reading them under the JSON limits, their schema problems, and the frames the broker
 builds itself (``error``, the system pushes).
 
-Hostile frames (E-40). Every frame is parsed with the JSON limits of spec/tables/limits.yaml
-(``reference.core.limits.loads``), never with a bare ``json.loads``: a frame too deep to parse, or that is not JSON,
-or has no string ``type``, is unparsable (the caller closes 4005); a frame that parses but goes past a limit comes
-back with the limit it passed, and the caller refuses it like a schema failure.
+Hostile frames (E-40, E-46). A frame is one WebSocket text message holding one I-JSON object, parsed with the JSON
+limits of spec/tables/limits.yaml (``reference.core.limits.loads``), never with a bare ``json.loads``: a binary
+message, a frame too deep to parse, one that is not JSON, names an object key twice or has no string ``type`` is
+unparsable (the caller closes 4005); a frame that parses but goes past a limit comes back with the limit it passed,
+and the caller refuses it like a schema failure.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import json
 import re
 from typing import Any
 
-from reference.core.limits import LimitExceeded, Unparsable, loads
+from reference.core.limits import LimitExceeded, Unparsable, loads, unique_keys
 from spec import schema, validator
 
 from ._presence import Session
@@ -33,9 +34,16 @@ REQUEST_ID = validator("broker/list_peers#/$defs/request_id")
 
 
 def parse_frame(raw: str | bytes) -> tuple[dict[str, Any] | None, str | None]:
-    """(the frame, or None when it is unparsable or has no type; what limit it goes past, or None) (E-40)."""
+    """(the frame, or None when it is unparsable or has no type; what limit it goes past, or None) (E-40, E-46).
+
+    ``raw`` is a text message's ``str`` or a binary message's ``bytes`` (as websockets hands them over).
+    """
+    # req: LINK-FRAME-IJSON -- frames are text messages
+    if not isinstance(raw, str):
+        return None, None
     try:
-        frame, problem = loads(raw), None
+        # req: LINK-FRAME-IJSON -- no duplicate object keys
+        frame, problem = loads(raw, object_pairs_hook=unique_keys), None
     except Unparsable:
         return None, None
     except LimitExceeded as exc:

@@ -15,7 +15,7 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["LimitExceeded", "Unparsable", "depth", "limit", "limits", "loads"]
+__all__ = ["DuplicateKey", "LimitExceeded", "Unparsable", "depth", "limit", "limits", "loads", "unique_keys"]
 
 
 @functools.cache
@@ -34,6 +34,26 @@ def limit(name: str) -> Any:
 
 class Unparsable(ValueError):
     """The text is not one JSON document (not UTF-8, not JSON, or NaN/Infinity)."""
+
+
+class DuplicateKey(Unparsable):
+    """An object names a key twice: not I-JSON (RFC 7493), and JSON readers disagree on which value it has."""
+
+
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``loads``' ``object_pairs_hook`` for I-JSON (E-19 for IPC bodies, E-46 for link frames).
+
+    Raises:
+        DuplicateKey: the object names one key more than once.
+    """
+    document = dict(pairs)
+    if len(document) != len(pairs):  # the common case costs one dict and a comparison
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise DuplicateKey(f"duplicate object key {key!r} (RFC 7493 I-JSON)")
+            seen.add(key)
+    return document
 
 
 class LimitExceeded(ValueError):

@@ -16,7 +16,7 @@ from spec import fast_validator, schema
 
 from .destination import DestinationError, parse_destination
 from .fingerprint import FingerprintInput, MetaError, meta_canonical, request_fingerprint
-from .limits import LimitExceeded, Unparsable, loads
+from .limits import DuplicateKey, LimitExceeded, Unparsable, loads, unique_keys
 
 _SEND = schema("ipc/send_request")["properties"]
 #: the members a send body may carry (spec/schemas/ipc/send_request.json)
@@ -92,21 +92,14 @@ def load_payload(payload: bytes) -> dict[str, Any]:
     return json.loads(payload.decode("utf-8"))
 
 
-def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            # req: IPC-REQUEST-STRICT -- RFC 7493 I-JSON
-            raise RequestError("invalid_json", f"duplicate object key {key!r} (RFC 7493 I-JSON)")
-        result[key] = value
-    return result
-
-
 def parse_json_object(raw: bytes) -> dict[str, Any]:
     """Strict JSON: UTF-8, one object, no duplicate keys, no NaN/Infinity, within the JSON limits (E-40)."""
     try:
         # req: IPC-REQUEST-STRICT, LIMIT-JSON -- NaN, Infinity and trailing data are Unparsable
-        document = loads(raw, object_pairs_hook=_reject_duplicate_keys)
+        document = loads(raw, object_pairs_hook=unique_keys)
+    except DuplicateKey as exc:
+        # req: IPC-REQUEST-STRICT -- RFC 7493 I-JSON
+        raise RequestError("invalid_json", str(exc)) from exc
     except Unparsable as exc:
         raise RequestError("invalid_json", f"body: {exc}") from exc
     except LimitExceeded as exc:

@@ -56,7 +56,7 @@ from reference.core import ENVELOPE_VERSION, OutboxEvent, TransitionError, is_cl
 from reference.core.ack import ack_event
 from reference.core.codes import close_code, exit_code
 from reference.core.features import CloseReason, required_bits
-from reference.core.limits import LimitExceeded, Unparsable, limit, loads
+from reference.core.limits import LimitExceeded, Unparsable, limit, loads, unique_keys
 from reference.core.request import is_broker_message_id, load_payload
 from spec import SPEC_VERSION, fast_validator
 
@@ -517,6 +517,7 @@ class BrokerLink:
             code = int.from_bytes(data[:2], "big") if len(data) >= 2 else None
             raise BrokerClosed(code, bytes(data[2:]).decode("utf-8", errors="replace"))
         if opcode == websocket.ABNF.OPCODE_BINARY:
+            # req: LINK-FRAME-IJSON -- frames are text messages
             self._quarantine(ws, data, "a binary message (the link carries JSON text)")
             return None
         return data
@@ -530,8 +531,9 @@ class BrokerLink:
         if raw is None:
             return None
         try:
-            frame = loads(raw)
+            frame = loads(raw, object_pairs_hook=unique_keys)
         except Unparsable as exc:
+            # req: LINK-FRAME-IJSON -- a frame that is not I-JSON (a key named twice, too) is quarantined
             self._quarantine(ws, raw, f"unparsable: {exc}")
             return None
         except LimitExceeded as exc:

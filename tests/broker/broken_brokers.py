@@ -192,6 +192,22 @@ class _WaitForHello(ConnWrapper):
         return raw
 
 
+class LastKeyWins(BrokerServer):
+    """Parses frames as the reference did before E-46: a binary message like a text one, a repeated key last-wins."""
+
+    @staticmethod
+    def _parse(raw):
+        try:
+            frame, problem = loads(raw), None
+        except Unparsable:
+            return None, None
+        except LimitExceeded as exc:
+            frame, problem = exc.document, f"{exc.limit}: {exc.detail}"
+        if not isinstance(frame, dict) or not isinstance(frame.get("type"), str):
+            return None, None
+        return frame, problem
+
+
 def _wrapping(wrapper: type[ConnWrapper]) -> type[BrokerServer]:
     class Wrapped(BrokerServer):
         def _handle(self, conn):
@@ -464,6 +480,8 @@ CATALOGUE: dict[str, Broken] = {b.name: b for b in (
            make_server=_wrapping(_SendBeforeNegotiation), default=True),
     Broken("waits-for-hello", "skips frames that come before the hello", ("BRK-PROTOCOL-ERROR",),
            ("broker.protocol_error",), make_server=_wrapping(_WaitForHello)),
+    Broken("last-key-wins", "takes binary messages and reads a repeated object key last-wins", ("LINK-FRAME-IJSON",),
+           ("broker.frame_ijson",), make_server=LastKeyWins, default=True),
     # negotiation
     Broken("advertises-other-retention", "advertises 7 retention days for a 30-day mesh", ("BRK-ADVERTISE-POLICY",),
            ("broker.negotiation.policy",), advertise=_advertising("retention_scoped", 7), default=True),

@@ -191,6 +191,28 @@ def test_frames_out_of_order_or_unparsable_close_4005(tmp_path, cast, case):
         assert broker.store.counts()["client_message_dedupe"] == 0
 
 
+@pytest.mark.parametrize("case", ["binary_hello", "binary_send", "duplicate_key_send", "nested_duplicate_key"])
+def test_a_binary_or_duplicate_key_frame_closes_4005(tmp_path, cast, case):
+    """LINK-FRAME-IJSON (E-46): a frame is one I-JSON text message; a binary message (valid JSON in it or not) or an
+    object naming a key twice closes 4005 protocol_error, and the send in it leaves no dedupe row."""
+    alice = cast["alice"]
+    sent = json.dumps(send_frame("c1", "first"))
+    with running_broker(f"sqlite:///{tmp_path / 'b.db'}", list(cast.values())) as broker:
+        with Client(broker.url) as client:
+            if case == "binary_hello":
+                client.ws.send(json.dumps(alice.hello()).encode())
+            else:
+                client.handshake(alice)
+                if case == "binary_send":
+                    client.ws.send(sent.encode())
+                elif case == "duplicate_key_send":
+                    client.send(sent.replace('"body": "first"', '"body": "first", "body": "second"'))
+                else:
+                    client.send(sent.replace('"meta": null', '"meta": {"k": 1, "k": 2}'))
+            assert client.closed() == (CLOSE["protocol_error"], "protocol_error")
+        assert broker.store.counts()["client_message_dedupe"] == 0
+
+
 # --- accept -----------------------------------------------------------------------------------------------------------
 
 def test_send_answers_201_200_409_and_drift_with_schema_valid_acks(store_url, cast):

@@ -124,8 +124,8 @@ def test_the_watchdog_restarts_a_link_thread_that_ended(tmp_path):
 # --- the fuzz ------------------------------------------------------------------------------------------------------
 
 def _oracle_bad(text: str | bytes) -> bool:
-    """Whether the spec says the daemon cannot take this frame: not UTF-8 JSON, past the JSON limits, not an
-    object, or invalid against broker_to_daemon (the schemas)."""
+    """Whether the spec says the daemon cannot take this text message: not UTF-8 JSON, an object naming a key twice
+    (E-46), past the JSON limits, not an object, or invalid against broker_to_daemon (the schemas)."""
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")
@@ -140,8 +140,13 @@ def _oracle_bad(text: str | bytes) -> bool:
     def not_json(name: str) -> Any:
         raise ValueError(f"{name} is not JSON")
 
+    def one_value_per_key(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        if len({key for key, _ in pairs}) != len(pairs):
+            raise ValueError("an object names a key twice")
+        return dict(pairs)
+
     try:
-        document = json.loads(text, parse_int=parse_int, parse_constant=not_json)
+        document = json.loads(text, parse_int=parse_int, parse_constant=not_json, object_pairs_hook=one_value_per_key)
     except (ValueError, RecursionError):
         return True
     if digits and max(digits) > LIMITS["json_max_integer_digits"]:
@@ -325,6 +330,33 @@ def test_a_too_large_fragmented_message_is_dropped_and_the_next_one_taken(tmp_pa
             assert len(records) == 1 and "link_frame_max_bytes" in records[0].reason
             assert records[0].frame_bytes > LIMITS["link_frame_max_bytes"]
             assert len(records[0].frame) <= 65_536
+            assert health(client)["connected"]
+        finally:
+            runtime.close()
+
+
+def test_a_binary_or_duplicate_key_push_is_quarantined_not_stored(tmp_path):
+    """LINK-FRAME-IJSON (E-46): a push in a binary message, or one naming a key twice (at the top or inside meta), is
+    quarantined and nothing of it stored; the link carries on with the next message."""
+    with ScriptedBroker() as broker:
+        runtime = start_runtime(tmp_path / "d", broker)
+        runtime.start()
+        try:
+            client = falcon.testing.TestClient(runtime.app)
+            wait_until(lambda: health(client)["connected"], "the link")
+            twice = json.dumps(_push("twice")).replace('"body": "hello"', '"body": "hello", "body": "bye"')
+            nested = json.dumps(_push("nested")).replace('"meta": null', '"meta": {"k": 1, "k": 2}')
+            for message in (json.dumps(_push("binary")).encode(), twice, nested):
+                broker.send_raw(message)
+            broker.send_raw(_push("after"))
+            wait_until(lambda: any(a["clientMessageId"] == "after" for a in broker.received("client_ack")),
+                       "the next message")
+            reasons = sorted(record.reason for record in runtime.inbox.quarantined())
+            assert reasons == ["a binary message (the link carries JSON text)",
+                               "unparsable: duplicate object key 'body' (RFC 7493 I-JSON)",
+                               "unparsable: duplicate object key 'k' (RFC 7493 I-JSON)"]
+            stored = {item["client_message_id"] for item in client.simulate_get("/v1/inbox", extras=UNIX).json["items"]}
+            assert stored == {"after"}
             assert health(client)["connected"]
         finally:
             runtime.close()
