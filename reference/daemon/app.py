@@ -31,13 +31,15 @@ from .deadlines import peer_gone
 from .guard import BodyDrain, Guard, body_stream, transport_of
 from .link import BrokerTimeout, BrokerUnavailable
 from .problems import Problem
-from .store import AcceptItem
+from .store import AcceptItem, migrations
 
 _VERSION = openapi()["components"]["schemas"]["Version"]["properties"]
 #: GET /v1/version's ipc_api and ipc_features: the const and the features spec/openapi.yaml's Version requires
 IPC_API: str = _VERSION["ipc_api"]["const"]
 IPC_FEATURES = [required["contains"]["const"] for required in _VERSION["ipc_features"]["allOf"]]
-SCHEMA_VERSION = 1
+# E-47: the local databases' schema version is the number of migrations applied to outbox.db and inbox.db together
+# (each numbers its migrations 1, 2, ...), so it rises with every migration either file gets.
+SCHEMA_VERSION = migrations("outbox")[-1].version + migrations("inbox")[-1].version
 # req: LIMIT-BODY-ROUTES -- 16 KiB for profile, 4 KiB for requeue
 PROFILE_LIMIT = int(limit("ipc_profile_body_bytes"))
 REQUEUE_LIMIT = int(limit("ipc_requeue_body_bytes"))
@@ -68,6 +70,7 @@ class DaemonContext:
     parse_send: Callable[[bytes, str | None], SendRequest] = parse_send  # phase A of POST /v1/send
     started_at: float | None = None
     draining: threading.Event = field(default_factory=threading.Event)
+    schema_version: int = SCHEMA_VERSION  # what the opened stores are at (runtime.py); the shipped migrations' count
 
     def __post_init__(self) -> None:
         if self.started_at is None:
@@ -157,7 +160,7 @@ class Version:
         _send_json(resp, 200, {
             # req: API-VERSION
             "daemon_version": SPEC_VERSION, "ipc_api": IPC_API, "ipc_features": IPC_FEATURES,
-            "schema_version": SCHEMA_VERSION, "broker_features_negotiated": sorted(negotiated),
+            "schema_version": self.ctx.schema_version, "broker_features_negotiated": sorted(negotiated),
             "broker_feature_params": {bit: dict(params) for bit, params in sorted(negotiated.items())},
         })
 
@@ -176,7 +179,7 @@ class Health:
             "ok": connected and not self.ctx.draining.is_set(), "connected": connected, "lag_ms": lag_ms,
             "queue_depth": counts.get("pending", 0), "inflight": counts.get("inflight", 0),
             "mesh": self.ctx.config["daemon"]["mesh"], "member_pubkey": self.ctx.member_pubkey,
-            "uptime_s": round(self.ctx.clock() - self.ctx.started_at, 3), "schema_version": SCHEMA_VERSION,
+            "uptime_s": round(self.ctx.clock() - self.ctx.started_at, 3), "schema_version": self.ctx.schema_version,
             "daemon_version": SPEC_VERSION, "broker_version": state.broker_version, "pid": os.getpid(),
             "link_restarts": getattr(state, "restarts", 0), "link_last_failure": getattr(state, "last_failure", None),
             "quarantined": getattr(state, "quarantined", 0),

@@ -256,7 +256,9 @@ class Runtime:
         self.ctx = DaemonContext(config=config.values, token=self.token, outbox=self.outbox, inbox=self.inbox,
                                  link=self.link, events=self.bus, committer=self.committer, metrics=self.metrics,
                                  member_pubkey=self.keypair.public_hex, clock=self.clock,
-                                 started_at=self.clock(), parse_send=parts.parse_send)
+                                 started_at=self.clock(), parse_send=parts.parse_send,
+                                 # req: API-SCHEMA-VERSION -- E-47: migrations applied to both files
+                                 schema_version=self.outbox.schema_version + self.inbox.schema_version)
         self.app = parts.create_app(self.ctx, self.requeue)
         self._closed = threading.Event()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -257,6 +258,22 @@ def test_status_and_version_commands(daemon):
     version = json.loads(meshd("version", "--state-dir", str(daemon.state_dir), "--json").stdout)
     assert version["daemon"]["ipc_api"] == "v1"
     assert meshd("status", "--state-dir", str(daemon.state_dir.parent / "nothing")).returncode == exit_code("error")
+
+
+def test_schema_version_counts_the_migrations_of_both_databases(daemon):
+    """E-47: /v1/version and /v1/health answer the migrations applied to outbox.db and inbox.db together."""
+    import sqlite3
+
+    from reference.daemon.store import migrations
+
+    applied = 0
+    for name in ("outbox.db", "inbox.db"):
+        with contextlib.closing(sqlite3.connect(daemon.state_dir / name)) as conn:
+            applied += conn.execute("SELECT count(*) FROM schema_version").fetchone()[0]
+    assert applied == migrations("outbox")[-1].version + migrations("inbox")[-1].version == 4
+    with daemon.unix() as client:
+        assert client.get("/v1/version").json()["schema_version"] == applied
+        assert client.get("/v1/health").json()["schema_version"] == applied
 
 
 def test_cli_send_and_outbox_requeue(broker, daemon):
