@@ -12,6 +12,7 @@ stack with ``WORKERS`` processes answers faster.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -38,11 +39,15 @@ class _Answer:
         resp.data = BODY
 
 
-class _BareServer(BaseApplication):
-    def __init__(self, socket_path: str, workers: int):
+class StackServer(BaseApplication):
+    """The daemon's gunicorn settings (default configuration) with ``workers`` processes on a unix socket, serving
+    ``resource`` at ``/v1/health`` and ``/v1/send`` (each worker process builds its own)."""
+
+    def __init__(self, socket_path: str, workers: int, resource: Callable[[], object]):
         config = defaults()
         config["daemon"]["log_level"] = "WARNING"
         self.settings = {**serving_settings(config), "bind": [f"unix:{socket_path}"], "workers": workers}
+        self.resource = resource
         super().__init__()
 
     def load_config(self) -> None:
@@ -51,10 +56,11 @@ class _BareServer(BaseApplication):
 
     def load(self) -> falcon.App:
         app = falcon.App()
-        app.add_route("/v1/health", _Answer())
-        app.add_route("/v1/send", _Answer())
+        resource = self.resource()
+        app.add_route("/v1/health", resource)
+        app.add_route("/v1/send", resource)
         return app
 
 
 if __name__ == "__main__":
-    _BareServer(sys.argv[1], int(sys.argv[2])).run()
+    StackServer(sys.argv[1], int(sys.argv[2]), _Answer).run()

@@ -25,15 +25,14 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import falcon
-from gunicorn.app.base import BaseApplication
+from _bare_ipc import StackServer
 from ulid import ULID
 
 from reference.core import RequestError, parse_send
 from reference.daemon.committer import GroupCommitter
-from reference.daemon.config import defaults
-from reference.daemon.server import serving_settings
 
 SCHEMA = ("CREATE TABLE IF NOT EXISTS outbox (id TEXT PRIMARY KEY, client_message_id TEXT NOT NULL UNIQUE, "
           "request_fingerprint TEXT NOT NULL, status TEXT NOT NULL, enqueued_at INTEGER NOT NULL, "
@@ -92,25 +91,5 @@ class _Send:
         resp.data = b'{"status":"ok"}'
 
 
-class _DurableServer(BaseApplication):
-    def __init__(self, socket_path: str, workers: int, db: str):
-        config = defaults()
-        config["daemon"]["log_level"] = "WARNING"
-        self.settings = {**serving_settings(config), "bind": [f"unix:{socket_path}"], "workers": workers}
-        self.db = db
-        super().__init__()
-
-    def load_config(self) -> None:
-        for key, value in self.settings.items():
-            self.cfg.set(key, value)
-
-    def load(self) -> falcon.App:
-        app = falcon.App()
-        send = _Send(self.db)
-        app.add_route("/v1/health", send)
-        app.add_route("/v1/send", send)
-        return app
-
-
 if __name__ == "__main__":
-    _DurableServer(sys.argv[1], int(sys.argv[2]), sys.argv[3]).run()
+    StackServer(sys.argv[1], int(sys.argv[2]), lambda: _Send(sys.argv[3])).run()
