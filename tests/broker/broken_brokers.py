@@ -33,7 +33,7 @@ from reference.broker.server import DAEMON_FRAMES, BrokerServer
 from reference.broker.store import AcceptChecks, AcceptRequest, AcceptResult, BrokerStore, rfc3339_ms
 from reference.broker.store.sqlite import SqliteStore
 from reference.core.fingerprint import FingerprintInput, request_fingerprint
-from reference.core.limits import LimitExceeded, Unparsable, limit, loads
+from reference.core.limits import LimitExceeded, Unparsable, limit, loads, unique_keys
 
 # --- seams: a store wrapper, a connection wrapper ------------------------------------------------------------------
 
@@ -358,8 +358,11 @@ def _parsing(max_depth_change: int = 0, crash_when_too_deep: bool = False) -> ty
     class Parsing(BrokerServer):
         @staticmethod
         def _parse(raw):
+            if not isinstance(raw, str):  # E-46 as the reference: only the depth differs
+                return None, None
             try:
-                frame, problem = loads(raw, max_depth=int(limit("json_max_depth")) + max_depth_change), None
+                frame, problem = loads(raw, object_pairs_hook=unique_keys,
+                                       max_depth=int(limit("json_max_depth")) + max_depth_change), None
             except LimitExceeded as exc:
                 if exc.document is None and crash_when_too_deep:
                     raise RecursionError("maximum recursion depth exceeded while decoding a JSON object") from exc
