@@ -178,7 +178,10 @@ def _check(args: argparse.Namespace) -> int:
             from .oracle import Oracle
 
             report = Oracle(redelivery_grace_ms=args.redelivery_grace_ms).check(paths)
-        report.skipped_lines = report.skipped_lines or skipped
+        if skipped and not report.invalid:
+            report.invalid = [{"where": item.rsplit(": ", 1)[0], "reason": "not_json",
+                               "message": item.rsplit(": ", 1)[1]} for item in skipped]
+            report.invalid_count = len(skipped)
     document = report.as_dict()
     if args.report:
         args.report.parent.mkdir(parents=True, exist_ok=True)
@@ -213,8 +216,8 @@ def _print_report(document: dict) -> None:
                       f"{violation['detail']}")
         for event in violation["evidence"]:
             console.print("    " + json.dumps(event, separators=(",", ":")), highlight=False, soft_wrap=True)
-    if document["skipped_lines"]:
-        console.print(f"[yellow]{len(document['skipped_lines'])} unparsable line(s) skipped[/yellow]")
+    if document["invalid"]["count"]:
+        console.print(f"[yellow]{document['invalid']['count']} invalid event(s)[/yellow]")
 
 
 def _missing(command: str, paths: list[Path]) -> bool:

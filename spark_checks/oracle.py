@@ -60,7 +60,12 @@ ALL_COLUMNS = sorted({"kind", "source", "event_id", *OT_COLUMNS, *IPC_COLUMNS, *
 
 @dataclass
 class Report:
-    """What a checker found; ``as_dict`` is the JSON report both checkers write."""
+    """What a checker found; ``as_dict`` is the JSON report every checker writes.
+
+    ``invalid_count`` counts the events rejected as invalid input (``spark_checks.validity``); ``invalid`` lists the
+    first of them, each ``{"where": "<file>:<line>" or "<node>@line <n>", "reason": <code>, "message": <text>}``.
+    The invariants are checked over the valid events only.
+    """
 
     engine: str
     trace: str
@@ -69,8 +74,9 @@ class Report:
     seconds: float
     violations: list[Violation]
     counts: dict[str, int]
-    skipped_lines: list[str] = field(default_factory=list)
+    invalid: list[dict[str, str]] = field(default_factory=list)
     settings: dict[str, Any] = field(default_factory=dict)
+    invalid_count: int = 0
 
     @property
     def ok(self) -> bool:
@@ -92,7 +98,7 @@ class Report:
             "seconds": round(self.seconds, 3),
             "events_per_second": round(self.events / self.seconds) if self.seconds > 0 else None,
             "settings": self.settings,
-            "skipped_lines": self.skipped_lines,
+            "invalid": {"count": self.invalid_count, "lines": self.invalid},
             "invariants": [{**inv.as_dict(), "applies": inv.needs <= present,
                             "violations": self.counts.get(inv.id, 0)} for inv in CATALOGUE],
             "violations": [v.as_dict() for v in self.violations],
@@ -195,8 +201,10 @@ class Oracle:
             counts[violation_key[0]] += 1
         violations = self._evidence(paths, chosen, state)
         return Report("oracle", ", ".join(map(str, paths)), state.events, sorted(state.sources),
-                      time.monotonic() - started, sort_violations(violations), dict(counts), skipped,
-                      {"redelivery_grace_ms": self.grace, "evidence_events": self.evidence_events})
+                      time.monotonic() - started, sort_violations(violations), dict(counts),
+                      [{"where": item.rsplit(": ", 1)[0], "reason": "not_json", "message": item.rsplit(": ", 1)[1]}
+                       for item in skipped],
+                      {"redelivery_grace_ms": self.grace, "evidence_events": self.evidence_events}, len(skipped))
 
     # --- one bucket -------------------------------------------------------------------------------------------
     def _bucket(self, table: pa.Table, st: _State) -> None:
