@@ -12,11 +12,15 @@ invariants by these ids, and a violation of one is always reported under exactly
   the invariant applies. A trace recorded against a peer that writes no broker trace is not held to the invariants
   that relate daemon events to broker events.
 
-Ordering: within one node, events are ordered by ``seq``; across nodes, by ``(node, seq)``.
+Ordering: within one node, events are ordered by ``seq``; across nodes, by ``(node, seq)``. Evidence is shown in file
+order instead, by ``(node, line)`` (``evidence_entries``), so a seq that goes backwards shows as one; its entries say
+where each event sits. A violation's ``detail`` is one of ``DETAILS`` filled by ``detail_text``, the same text in
+every engine.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -180,7 +184,8 @@ class EventRef:
 
 @dataclass(frozen=True)
 class Violation:
-    """One violated invariant for one subject key, at its first violating event."""
+    """One violated invariant for one subject key, at its first violating event; ``detail`` is ``detail_text``'s,
+    ``evidence`` the ``evidence_entries`` that show it."""
 
     invariant: str
     key: tuple[tuple[str, str], ...]
@@ -203,6 +208,119 @@ class Violation:
 def make_key(invariant_id: str, values: dict[str, Any]) -> tuple[tuple[str, str], ...]:
     """The key tuple of ``invariant_id`` taken from ``values`` (an event or a dict of key columns)."""
     return tuple((name, str(values[name])) for name in BY_ID[invariant_id].key)
+
+
+# --- what a violation says ---------------------------------------------------------------------------------------
+#: Every engine describes a violation by a case of this table, the violating event ``e``, the related event ``r`` and
+#: one value the engine computed itself (``fact``: an expected state, attempts or answer, a count, the broker's last
+#: ts), and renders it with ``detail_text``: the oracle, DuckDB and Spark print byte-identical details. A case is a
+#: printf template (``%s`` only) and, per ``%s``, where its value comes from: ``e.<column>`` or ``r.<column>`` (flat
+#: columns, ``line`` included; ``r.<column>|text`` reads ``text`` when there is no related event) or ``fact``.
+DETAILS: dict[str, tuple[str, tuple[str, ...]]] = {
+    # TRC-OUTBOX-LEGAL
+    "outbox-not-a-transition": ("%s --%s--> %s (%s) is not a transition of spec/tables/outbox.yaml",
+                                ("e.from_state", "e.event", "e.to_state", "e.table_row")),
+    "outbox-from": ("%s --%s--> %s (%s), but the row was %s",
+                    ("e.from_state", "e.event", "e.to_state", "e.table_row", "r.to_state|none")),
+    "outbox-attempts": ("%s --%s--> %s (%s) with attempts %s, expected %s",
+                        ("e.from_state", "e.event", "e.to_state", "e.table_row", "e.attempts", "fact")),
+    # TRC-IPC-CONSISTENT
+    "ipc-row-state": ("%s %s for row_state %s, but the row was %s",
+                      ("e.table_row", "e.http_status", "e.row_state", "r.to_state|none")),
+    "ipc-fingerprint-match": ("%s %s with fingerprint_match %s for request fingerprint %s, expected %s",
+                              ("e.table_row", "e.http_status", "e.fingerprint_match", "e.request_fingerprint",
+                               "fact")),
+    "ipc-answer": ("%s %s for (row_state %s, fingerprint_match %s); spec/tables/ipc_lookup.yaml answers %s",
+                   ("e.table_row", "e.http_status", "e.row_state", "e.fingerprint_match", "fact")),
+    "ipc-outbox-id": ("%s %s names outbox_id %s, but the row is %s",
+                      ("e.table_row", "e.http_status", "e.outbox_id", "r.outbox_id")),
+    # TRC-FP-FROZEN
+    "fp-changed": ("%s --%s--> %s carries fingerprint %s; the row's frozen fingerprint (its first transition's) is %s",
+                   ("e.from_state", "e.event", "e.to_state", "e.request_fingerprint", "r.request_fingerprint")),
+    "fp-successor": ("requeue successor %s carries fingerprint %s; the retired row %s carried %s",
+                     ("e.outbox_id", "e.request_fingerprint", "r.outbox_id", "r.request_fingerprint")),
+    # TRC-ID-NEVER-FREED
+    "id-freed": ("a new row %s (%s --%s--> %s) for client_message_id %s, already bound to row %s",
+                 ("e.outbox_id", "e.from_state", "e.event", "e.to_state", "e.client_message_id", "r.outbox_id")),
+    # TRC-MAX-AGE
+    "max-age-dispatched": ("dispatched (%s) at ts_ms %s, after its max_age_at_ms %s",
+                           ("e.table_row", "e.ts_ms", "e.max_age_at_ms")),
+    "max-age-aged-out": ("aged out (%s) at ts_ms %s, not after its max_age_at_ms %s",
+                         ("e.table_row", "e.ts_ms", "e.max_age_at_ms")),
+    # TRC-ONE-MESSAGE
+    "one-message-messages": ("%s broker messages for one client_message_id: %s first, %s last",
+                             ("fact", "r.broker_message_id", "e.broker_message_id")),
+    "one-message-commits": ("%s commits of broker message %s", ("fact", "e.broker_message_id")),
+    # TRC-SIDE-EFFECTS
+    "side-effects-counts": ("commit of %s inserted dedupe=%s message=%s history=%s delivery=%s for %s recipient(s); "
+                            "expected 1, 1, 1 and %s",
+                            ("e.broker_message_id", "e.effects_dedupe", "e.effects_message", "e.effects_history",
+                             "e.effects_delivery", "e.recipients", "e.recipients")),
+    "side-effects-uncommitted": ("%s of %s without its commit", ("e.table_row", "e.broker_message_id")),
+    # TRC-DONE-HAS-MESSAGE
+    "done-uncommitted": ("%s --%s--> done with broker_message_id %s, which the broker never committed",
+                         ("e.from_state", "e.event", "e.broker_message_id")),
+    # TRC-DELIVERY-COMMITTED
+    "delivery-uncommitted": ("delivery %s to %s of broker message %s, which the broker never committed",
+                             ("e.delivery_id", "e.recipient", "e.broker_message_id")),
+    # TRC-DELIVERY-ACKED
+    "delivery-unacked": ("delivery %s (attempt %s) never acked: its lease ended at %s, the broker traced until %s",
+                         ("e.delivery_id", "e.attempt", "e.lease_until_ms", "fact")),
+    "delivery-after-ack": ("delivery %s delivered again (attempt %s) after its ack at seq %s",
+                           ("e.delivery_id", "e.attempt", "r.seq")),
+    # TRC-ONE-INBOX-ROW
+    "inbox-rows": ("%s inbox rows inserted for client_message_id %s: inbox_seq %s first, %s last",
+                   ("fact", "e.client_message_id", "r.inbox_seq", "e.inbox_seq")),
+    # TRC-SEQ-MONOTONIC, TRC-EVENT-IDS-MONOTONIC: ``<column>-not-increasing``
+    "seq-not-increasing": ("seq %s at line %s after seq %s at line %s", ("e.seq", "e.line", "r.seq", "r.line")),
+    "event_id-not-increasing": ("event_id %s (seq %s, line %s) after event_id %s (seq %s, line %s)",
+                                ("e.event_id", "e.seq", "e.line", "r.event_id", "r.seq", "r.line")),
+}
+
+
+def detail_value(value: Any) -> str:
+    """A value as a detail prints it: ``null``, ``true``/``false``, a fingerprint in lowercase hex, else ``str``."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).hex()
+    return str(value)
+
+
+def detail_text(case: str | None, event: dict[str, Any], related: dict[str, Any] | None, fact: Any = None) -> str:
+    """The detail of a violation: ``case`` of ``DETAILS`` filled from the flat rows of the violating and the related
+    event and the engine's ``fact``. A ``case`` that ``DETAILS`` does not name is taken as finished text."""
+    found = DETAILS.get(case or "")
+    if found is None:
+        return case or ""
+    template, sources = found
+    values = []
+    for source in sources:
+        if source == "fact":
+            values.append(detail_value(fact))
+            continue
+        side, _, column = source.partition(".")
+        column, _, absent = column.partition("|")
+        row = event if side == "e" else related
+        values.append(absent if row is None and absent else detail_value(None if row is None else row.get(column)))
+    return template % tuple(values)
+
+
+def evidence_entry(row: dict[str, Any]) -> dict[str, Any]:
+    """One evidence entry from an event's flat row: where it sits -- its node, its ``line`` (0-based position in the
+    node's stream) and, when the input was JSONL and the reader kept it, its ``file`` and 1-based ``file_line`` --
+    and the JSON event."""
+    from .format import row_to_event
+
+    return {"node": row["node"], "line": row["line"], "file": row.get("file"), "file_line": row.get("file_line"),
+            "event": row_to_event(row)}
+
+
+def evidence_entries(rows: Iterable[dict[str, Any]]) -> tuple[dict[str, Any], ...]:
+    """Evidence entries in file order: by (node, line), whatever the events' seqs say."""
+    return tuple(evidence_entry(row) for row in sorted(rows, key=lambda r: (r["node"], r["line"])))
 
 
 def catalogue_markdown() -> str:
