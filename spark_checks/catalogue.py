@@ -309,13 +309,13 @@ def detail_text(case: str | None, event: dict[str, Any], related: dict[str, Any]
 
 
 def evidence_entry(row: dict[str, Any]) -> dict[str, Any]:
-    """One evidence entry from an event's flat row: where it sits -- its node, its ``line`` (0-based position in the
-    node's stream) and, when the input was JSONL and the reader kept it, its ``file`` and 1-based ``file_line`` --
-    and the JSON event."""
+    """One evidence entry from an event's flat row: where it sits -- its node, seq and ``line`` (0-based position in
+    the node's stream) and, when the input was JSONL and the reader kept it, its ``file`` and 1-based ``file_line``
+    -- and the JSON event."""
     from .format import row_to_event
 
-    return {"node": row["node"], "line": row["line"], "file": row.get("file"), "file_line": row.get("file_line"),
-            "event": row_to_event(row)}
+    return {"node": row["node"], "seq": row["seq"], "line": row["line"], "file": row.get("file"),
+            "file_line": row.get("file_line"), "event": row_to_event(row)}
 
 
 def evidence_entries(rows: Iterable[dict[str, Any]]) -> tuple[dict[str, Any], ...]:

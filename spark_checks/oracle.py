@@ -12,7 +12,10 @@ Rules shared with ``spark_checks.spark`` (the tests hold the two to the same ans
 * a violation is reported once per (invariant, key), at its first violating event -- by ``(node, seq)``, or by
   ``line`` for the per-node invariants -- with the related event the catalogue names;
 * evidence is the subject's events up to and including the violating one (its first event, the ``evidence_events -
-  1`` before the violation, and the related event), or for ``pair`` invariants the related and the violating event.
+  1`` before the violation, and the related event), or for ``pair`` invariants the related and the violating event,
+  listed in file order (``catalogue.evidence_entries``);
+* a detail is a case of ``catalogue.DETAILS`` with the value the replay computed (``fact``), rendered from the
+  violating and the related event's rows.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ from .catalogue import (
     DEFAULT_REDELIVERY_GRACE_MS,
     EventRef,
     Violation,
+    detail_text,
+    evidence_entries,
 )
 
 Ref = tuple[str, int, int]  # (node, seq, line)
@@ -143,6 +148,14 @@ class Tables:
                 found = 1 if "increment_attempts" in row.then.get("effects", ()) else 0
         self._transitions[key] = found
         return found
+
+    def ipc_answer(self, row_state: str, match: bool | None) -> str | None:
+        """The ipc_lookup answer for (row_state, fingerprint_match) as ``"<table_row> <http_status>"``, or None."""
+        try:
+            row = self._ipc.lookup(row_state=row_state, fingerprint="match" if match in (None, True) else "mismatch")
+        except Exception:  # a row_state the table does not know: no answer
+            return None
+        return f"{row.id} {int(row.then['http_status'])}"
 
     def ipc_answer_ok(self, row_state: str, match: bool | None, table_row: str, http_status: int) -> bool:
         """Whether (table_row, http_status) is the ipc_lookup row for (row_state, fingerprint_match)."""
@@ -270,7 +283,7 @@ class Oracle:
                     if (table_row == "OB-PENDING-DISPATCH" and max_age_at is not None and ts > max_age_at) or (
                             table_row == "OB-PENDING-MAX-AGE" and (max_age_at is None or ts <= max_age_at)):
                         self._add(st, "TRC-MAX-AGE", (("node", node), ("outbox_id", oid)), event, None,
-                                  f"{table_row} at ts_ms {ts} with max_age_at_ms {max_age_at}",
+                                  "max-age-dispatched" if table_row == "OB-PENDING-DISPATCH" else "max-age-aged-out",
                                   self._prefix(history, event, kinds_ot_only=True, row=oid))
                     if first is None:
                         first = event
@@ -279,39 +292,36 @@ class Oracle:
                     expected_from = last[9] if same_row else "none"
                     expected_attempts = (last[12] if same_row else 0) + (delta or 0)
                     if delta is None or from_state != expected_from or attempts != expected_attempts:
-                        why = (f"({from_state}, {ev}, {to_state}, {table_row}) is not a transition of the outbox "
-                               "table" if delta is None else
-                               f"from {from_state!r} but the row was {expected_from!r}" if from_state != expected_from
-                               else f"attempts {attempts}, expected {expected_attempts}")
+                        case = ("outbox-not-a-transition" if delta is None else
+                                "outbox-from" if from_state != expected_from else "outbox-attempts")
                         self._add(st, "TRC-OUTBOX-LEGAL", (("node", node), ("outbox_id", oid)), event,
-                                  last if same_row else None, why,
+                                  last if same_row else None, case,
                                   self._prefix(history, event, kinds_ot_only=True, row=oid,
-                                               related=last if same_row else None))
+                                               related=last if same_row else None), fact=expected_attempts)
                     if fp != first[7]:
                         self._add(st, "TRC-FP-FROZEN", (("node", node), ("outbox_id", oid)), event, first,
-                                  f"fingerprint {_hex(fp)} differs from the row's frozen {_hex(first[7])}",
+                                  "fp-changed",
                                   self._prefix(history, event, kinds_ot_only=True, row=oid, related=first))
                     if from_state == "none" and last is not None:
                         self._add(st, "TRC-ID-NEVER-FREED", (("node", node), ("client_message_id", cmid)), event,
-                                  first, f"a new row {oid} for an id already bound to row {first[6]}",
-                                  self._prefix(history, event, kinds_ot_only=True, related=first))
+                                  first, "id-freed", self._prefix(history, event, kinds_ot_only=True, related=first))
                     last = event
                 else:
                     (_, _, _, _, fp, row_state, match, table_row, http_status, oid) = event
                     state = "none" if last is None else last[9]
                     expected_match = None if last is None else fp == first[7]  # type: ignore[index]
-                    problem = ""
+                    problem, fact = "", None
                     if row_state != state:
-                        problem = f"row_state {row_state!r} but the row was {state!r}"
+                        problem = "ipc-row-state"
                     elif match is not expected_match:
-                        problem = f"fingerprint_match {match}, expected {expected_match}"
+                        problem, fact = "ipc-fingerprint-match", expected_match
                     elif not tables.ipc_answer_ok(row_state, match, table_row, http_status):
-                        problem = f"{table_row} / {http_status} is not the ipc_lookup answer for ({row_state}, {match})"
+                        problem, fact = "ipc-answer", tables.ipc_answer(row_state, match)
                     elif last is not None and oid is not None and oid != last[6]:
-                        problem = f"outbox_id {oid} but the row is {last[6]}"
+                        problem = "ipc-outbox-id"
                     if problem:
                         self._add(st, "TRC-IPC-CONSISTENT", (("node", node), ("client_message_id", cmid)), event,
-                                  last, problem, self._prefix(history, event, related=last))
+                                  last, problem, self._prefix(history, event, related=last), fact=fact)
 
     def _ledger(self, ot: list[tuple[Any, ...]], ad: list[tuple[Any, ...]], ac: list[tuple[Any, ...]],
                 dl: list[tuple[Any, ...]], st: _State) -> None:
@@ -331,8 +341,7 @@ class Oracle:
             ledger[(mesh, cmid)][bmid]["named"].append(ref)
             if (dedupe, message, history, delivery) != (1, 1, 1, recipients):
                 self._add(st, "TRC-SIDE-EFFECTS", (("mesh", mesh), ("client_message_id", cmid)), ref, None,
-                          f"effects dedupe={dedupe} message={message} history={history} delivery={delivery} for "
-                          f"{recipients} recipient(s)", [ref])
+                          "side-effects-counts", [ref])
         for event in ot:
             if event[9] == "done":
                 ledger[(event[4], event[5])][event[14]]["done"].append((event[0], event[1], event[2]))
@@ -343,24 +352,23 @@ class Oracle:
             key = (("mesh", mesh), ("client_message_id", cmid))
             firsts = sorted(min(roles["named"]) for roles in by_bmid.values() if roles["named"])
             if len(firsts) > 1:
-                self._add(st, "TRC-ONE-MESSAGE", key, firsts[-1], firsts[0], f"{len(firsts)} broker messages",
-                          [firsts[0], firsts[-1]])
+                self._add(st, "TRC-ONE-MESSAGE", key, firsts[-1], firsts[0], "one-message-messages",
+                          [firsts[0], firsts[-1]], fact=len(firsts))
             else:
                 commits = [ref for roles in by_bmid.values() for ref in roles["commit"]]
                 if len(commits) > 1:
                     self._add(st, "TRC-ONE-MESSAGE", key, max(commits), min(commits),
-                              f"{len(commits)} commits", [min(commits), max(commits)])
-            for bmid, roles in by_bmid.items():
+                              "one-message-commits", [min(commits), max(commits)], fact=len(commits))
+            for roles in by_bmid.values():
                 if roles["accept"] and not roles["commit"]:
                     ref = min(roles["accept"])
-                    self._add(st, "TRC-SIDE-EFFECTS", key, ref, None, f"BRK-ACCEPT of {bmid} without its commit",
-                              [ref])
+                    self._add(st, "TRC-SIDE-EFFECTS", key, ref, None, "side-effects-uncommitted", [ref])
                 if roles["done"] and not roles["commit"]:
                     ref = min(roles["done"])
-                    st.done_candidates.append((mesh, key, ref, bmid))
+                    st.done_candidates.append((mesh, key, ref))
                 if roles["delivery"] and not roles["commit"]:
                     ref = min(roles["delivery"])
-                    self._add(st, "TRC-DELIVERY-COMMITTED", key, ref, None, f"delivery of uncommitted {bmid}", [ref])
+                    self._add(st, "TRC-DELIVERY-COMMITTED", key, ref, None, "delivery-uncommitted", [ref])
 
     def _deliveries(self, dl: list[tuple[Any, ...]], da: list[tuple[Any, ...]], st: _State) -> None:
         """TRC-DELIVERY-ACKED (decided at the end, when each broker node's last ts is known)."""
@@ -384,7 +392,7 @@ class Oracle:
         for (recipient, cmid), refs in inserted.items():
             if len(refs) > 1:
                 self._add(st, "TRC-ONE-INBOX-ROW", (("recipient", recipient), ("client_message_id", cmid)),
-                          max(refs), min(refs), f"{len(refs)} inbox rows inserted", [min(refs), max(refs)])
+                          max(refs), min(refs), "inbox-rows", [min(refs), max(refs)], fact=len(refs))
 
     # --- the end of the pass ----------------------------------------------------------------------------------
     def _finish(self, st: _State) -> None:
@@ -393,7 +401,7 @@ class Oracle:
             for a, b in itertools.pairwise(order):
                 if seqs[b] <= seqs[a]:
                     self._add(st, "TRC-SEQ-MONOTONIC", (("node", node),), (node, seqs[b], lines[b]),
-                              (node, seqs[a], lines[a]), f"seq {seqs[b]} after {seqs[a]}",
+                              (node, seqs[a], lines[a]), "seq-not-increasing",
                               [(node, seqs[a], lines[a]), (node, seqs[b], lines[b])], by_line=True)
                     break
         for node, (lines, ids, seqs) in st.sse.items():
@@ -401,13 +409,12 @@ class Oracle:
             for a, b in itertools.pairwise(order):
                 if ids[b] <= ids[a]:
                     self._add(st, "TRC-EVENT-IDS-MONOTONIC", (("node", node),), (node, seqs[b], lines[b]),
-                              (node, seqs[a], lines[a]), f"event_id {ids[b]} after {ids[a]}",
+                              (node, seqs[a], lines[a]), "event_id-not-increasing",
                               [(node, seqs[a], lines[a]), (node, seqs[b], lines[b])], by_line=True)
                     break
-        for mesh, key, ref, bmid in st.done_candidates:
+        for mesh, key, ref in st.done_candidates:
             if mesh in st.broker_meshes:
-                self._add(st, "TRC-DONE-HAS-MESSAGE", key, ref, None,
-                          f"done with broker_message_id {bmid}, which the broker never committed", [ref])
+                self._add(st, "TRC-DONE-HAS-MESSAGE", key, ref, None, "done-uncommitted", [ref])
         for (mesh, did), deliveries, acks in st.delivery_candidates:
             last, lease = deliveries[-1]
             key = (("mesh", mesh), ("delivery_id", did))
@@ -416,21 +423,18 @@ class Oracle:
             if ack is None:
                 end = st.node_end.get(last[0], 0)
                 if lease + self.grace < end:
-                    self._add(st, "TRC-DELIVERY-ACKED", key, last, None,
-                              f"never acked; lease ended at {lease}, the broker traced until {end}",
-                              self._trim(prefix))
+                    self._add(st, "TRC-DELIVERY-ACKED", key, last, None, "delivery-unacked", self._trim(prefix),
+                              fact=end)
             elif last > ack:
                 refs = sorted(prefix + [a for a in acks if a < last])
-                self._add(st, "TRC-DELIVERY-ACKED", key, last, ack, "delivered again after its ack",
-                          self._trim(refs, ack))
+                self._add(st, "TRC-DELIVERY-ACKED", key, last, ack, "delivery-after-ack", self._trim(refs, ack))
         for successor in st.successors:
             node, oid, fp = successor[0], successor[6], successor[7]
             retired = sorted(st.aborted.get((node, oid), ()), key=lambda e: (e[1], e[2]))
             if retired and retired[0][7] != fp:
                 aborted = retired[0]
                 ref, rel = (node, successor[1], successor[2]), (aborted[0], aborted[1], aborted[2])
-                self._add(st, "TRC-FP-FROZEN", (("node", node), ("outbox_id", oid)), ref, rel,
-                          f"requeue successor fingerprint {_hex(fp)} differs from {_hex(aborted[7])}",
+                self._add(st, "TRC-FP-FROZEN", (("node", node), ("outbox_id", oid)), ref, rel, "fp-successor",
                           sorted([rel, ref]))
 
     # --- helpers ----------------------------------------------------------------------------------------------
@@ -457,13 +461,15 @@ class Oracle:
 
     @staticmethod
     def _add(st: _State, invariant: str, key: tuple[tuple[str, str], ...], event: tuple[Any, ...],
-             related: tuple[Any, ...] | None, detail: str, evidence: list[Ref], by_line: bool = False) -> None:
-        """Record a candidate; ``event`` and ``related`` are event tuples or refs (both start node, seq, line)."""
+             related: tuple[Any, ...] | None, detail: str, evidence: list[Ref], by_line: bool = False,
+             fact: Any = None) -> None:
+        """Record a candidate; ``event`` and ``related`` are event tuples or refs (both start node, seq, line);
+        ``detail`` is a case of ``catalogue.DETAILS`` and ``fact`` its engine-computed value."""
         ref = (event[0], event[1], event[2])
         rel = None if related is None else (related[0], related[1], related[2])
         order = ("", ref[2]) if by_line else (ref[0], ref[1])
         order += ("", -1) if rel is None else (rel[0], rel[1])
-        st.candidates.append((invariant, key, order, ref, rel, detail, evidence))
+        st.candidates.append((invariant, key, order, ref, rel, (detail, fact), evidence))
 
     @staticmethod
     def _first(candidates: list[tuple[Any, ...]]) -> dict[tuple[str, Any], tuple[Any, ...]]:
@@ -477,13 +483,16 @@ class Oracle:
 
     def _evidence(self, paths: list[Path], chosen: dict[tuple[str, Any], tuple[Any, ...]], st: _State
                   ) -> list[Violation]:
-        wanted: set[tuple[str, int]] = {(ref[0], ref[2]) for c in chosen.values() for ref in c[6]}
-        events = load_events(paths, wanted) if wanted else {}
+        wanted: set[tuple[str, int]] = {(ref[0], ref[2]) for c in chosen.values() for ref in (*c[6], c[3])}
+        wanted |= {(c[4][0], c[4][2]) for c in chosen.values() if c[4] is not None}
+        rows = load_rows(paths, wanted) if wanted else {}
         violations = []
-        for (invariant, key), (_, _, _, ref, rel, detail, evidence) in chosen.items():
+        for (invariant, key), (_, _, _, ref, rel, (case, fact), evidence) in chosen.items():
+            related = None if rel is None else rows[(rel[0], rel[2])]
             violations.append(Violation(
-                invariant, key, EventRef(*ref), None if rel is None else EventRef(*rel), detail,
-                tuple(events[(r[0], r[2])] for r in evidence if (r[0], r[2]) in events)))
+                invariant, key, EventRef(*ref), None if rel is None else EventRef(*rel),
+                detail_text(case, rows[(ref[0], ref[2])], related, fact),
+                evidence_entries(rows[(r[0], r[2])] for r in evidence if (r[0], r[2]) in rows)))
         return violations
 
 
@@ -502,12 +511,8 @@ class _State:
     candidates: list[tuple[Any, ...]] = field(default_factory=list)
 
 
-def _hex(value: bytes | None) -> str:
-    return "null" if value is None else bytes(value).hex()[:16] + "…"
-
-
-def load_events(paths: list[Path], wanted: set[tuple[str, int]]) -> dict[tuple[str, int], dict[str, Any]]:
-    """The JSON events at the (node, line) positions in ``wanted``."""
+def load_rows(paths: list[Path], wanted: set[tuple[str, int]]) -> dict[tuple[str, int], dict[str, Any]]:
+    """The flat rows of the events at the (node, line) positions in ``wanted``."""
     found: dict[tuple[str, int], dict[str, Any]] = {}
     nodes = sorted({node for node, _ in wanted})
     if fmt.is_jsonl(paths):
@@ -522,7 +527,7 @@ def load_events(paths: list[Path], wanted: set[tuple[str, int]]) -> dict[tuple[s
         mask = pc.is_in(table["node"], pa.array(nodes))
         for row in table.filter(mask).to_pylist():
             if (row["node"], row["line"]) in wanted:
-                found[(row["node"], row["line"])] = fmt.row_to_event(row)
+                found[(row["node"], row["line"])] = row
     return found
 
 
@@ -531,4 +536,4 @@ def check(paths: Path | list[Path], **options: Any) -> Report:
     return Oracle(**options).check(paths)
 
 
-__all__ = ["BY_ID", "Oracle", "Report", "check", "load_events", "sort_violations"]
+__all__ = ["BY_ID", "Oracle", "Report", "check", "load_rows", "sort_violations"]
