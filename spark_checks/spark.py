@@ -51,6 +51,8 @@ from spark_checks.catalogue import (
     DEFAULT_REDELIVERY_GRACE_MS,
     EventRef,
     Violation,
+    detail_text,
+    evidence_entries,
 )
 from spark_checks.oracle import Report, Tables, sort_violations
 from spec import load_table
@@ -115,6 +117,7 @@ class SparkChecker:
         self.limit = limit
         self.tables = Tables()
         self.timings: dict[str, float] = {}
+        self._marked = 0.0
 
     # --- input --------------------------------------------------------------------------------------------------
     def read(self, paths: list[Path] | list[str]):
@@ -165,7 +168,10 @@ class SparkChecker:
                        "master": self.spark.sparkContext.master, "timings": dict(self.timings)})
 
     def _mark(self, name: str, started: float) -> None:
-        self.timings[name] = round(time.monotonic() - started - sum(self.timings.values()), 3)
+        """Time the step ``name``: from the previous mark (``started`` for the first) to now, never negative."""
+        now = time.monotonic()
+        self.timings[name] = round(now - (self._marked if self.timings else started), 3)
+        self._marked = now
 
     @staticmethod
     def _decode(row: Any, names: list[str]) -> dict[str, Any]:
@@ -241,13 +247,16 @@ class SparkChecker:
 
     @staticmethod
     def _candidate(invariant_id: str, gs, g1, g2, event, related, detail, by_line: bool = False,
-                   mode: str | None = None):
+                   mode: str | None = None, fact=None):
         """The candidate struct: key (gs, g1, g2), order (o, r), references, evidence mode and a detail.
 
-        ``event`` and ``related`` are structs (or dicts) with ``pk`` and ``line``.
+        ``event`` and ``related`` are structs (or dicts) with ``pk`` and ``line``; ``detail`` is a case of
+        ``catalogue.DETAILS`` (a name, or a string column choosing one) and ``fact`` the column holding its value.
         """
         from pyspark.sql import functions as F
 
+        case = F.lit(detail) if isinstance(detail, str) else detail
+        fact = F.lit(None) if fact is None else fact
         none_long = F.lit(None).cast("long")
         r_pk = none_long if related is None else related["pk"]
         r_line = none_long if related is None else related["line"]
@@ -258,7 +267,8 @@ class SparkChecker:
             F.coalesce(r_pk, F.lit(-1)).cast("long").alias("r"),
             event["pk"].cast("long").alias("e_pk"), event["line"].cast("long").alias("e_line"),
             r_pk.cast("long").alias("r_pk"), r_line.cast("long").alias("r_line"),
-            F.lit(mode or BY_ID[invariant_id].evidence).alias("mode"), detail.cast("string").alias("detail"))
+            F.lit(mode or BY_ID[invariant_id].evidence).alias("mode"),
+            F.struct(case.cast("string").alias("case"), fact.cast("string").alias("fact")).alias("detail"))
 
     @staticmethod
     def _explode(frame, *cases):
@@ -302,11 +312,12 @@ class SparkChecker:
         def bits(value, shift: int):
             return F.shiftleft(F.coalesce(value, F.lit(0)).cast("long"), shift)
 
+        dispatch = F.col("table_row") == "OB-PENDING-DISPATCH"
         # one long: from(4 bits) to(4) row_state(4) delta+1(4, 0 = not a legal transition) match(2) answer ok(1)
-        # max age violated(1) is_ot(1)
+        # max age violated(1) is_ot(1) a dispatch(1)
         packed = (bits(code("from_state"), 0) + bits(code("to_state"), 4) + bits(code("row_state"), 8)
                   + bits(F.when(is_ot, delta + 1), 12) + bits(match, 16) + bits(answer_ok.cast("int"), 18)
-                  + bits(max_age.cast("int"), 19) + bits(is_ot.cast("int"), 20))
+                  + bits(max_age.cast("int"), 19) + bits(is_ot.cast("int"), 20) + bits(dispatch.cast("int"), 21))
         rows = ev.filter(F.col("kind").isin(OT, IPC)).select(
             "ni", "seq", "line", F.xxhash64("client_message_id").alias("c1"), F.hash("client_message_id").alias("c2"),
             hashed("outbox_id").alias("oid"), hashed("request_fingerprint").alias("fp"),
@@ -327,7 +338,7 @@ class SparkChecker:
         rows = rows.select("*", field(0, 4).alias("fr"), field(4, 4).alias("to"), field(8, 4).alias("st"),
                            (field(12, 4) - 1).alias("delta"), field(16, 2).alias("fm"),
                            (field(18, 1) == 1).alias("tok"), (field(19, 1) == 1).alias("mav"),
-                           (field(20, 1) == 1).alias("is_ot"))
+                           (field(20, 1) == 1).alias("is_ot"), (field(21, 1) == 1).alias("dispatch"))
         key = ["ni", "c1", "c2", "chunk"]
         w = Window.partitionBy(*key).orderBy("seq", "line")
         transition = F.struct("seq", "line", "to", "oid", "att")
@@ -370,20 +381,35 @@ class SparkChecker:
         frozen = ot & ~F.col("fp").eqNullSafe(f["fp"])
         freed = ot & (F.col("fr") == NONE_CODE) & p.isNotNull()
         zero, gs = F.lit(0), F.col("ni")
+
+        def match_text(column):
+            return F.when(column == 0, "null").when(column == 1, "true").when(column == 2, "false")
+
+        state_name = F.when(F.col("st") > 0, F.element_at(states, F.greatest(F.col("st"), F.lit(1))))
+        answers = self.tables.ipc_answer
+        answer_map = F.create_map(*[F.lit(x) for state in STATES for match, text in
+                                    ((None, "null"), (True, "true"), (False, "false"))
+                                    for x in (f"{state}|{text}", answers(state, match))])
+        outbox_case = (F.when(F.col("delta") < 0, "outbox-not-a-transition")
+                       .when(~F.col("fr").eqNullSafe(expected_from), "outbox-from").otherwise("outbox-attempts"))
+        wrong_state, wrong_match = ~F.col("st").eqNullSafe(expected_state), ~F.col("fm").eqNullSafe(expected_match)
+        ipc_case = (F.when(wrong_state, "ipc-row-state").when(wrong_match, "ipc-fingerprint-match")
+                    .when(~F.col("tok"), "ipc-answer").otherwise("ipc-outbox-id"))
+        ipc_fact = (F.when(wrong_state, F.lit(None)).when(wrong_match, match_text(expected_match))
+                    .when(~F.col("tok"), F.try_element_at(answer_map, F.concat_ws("|", state_name,
+                                                                                  match_text(F.col("fm"))))))
         return self._explode(
             windowed,
-            (outbox, self._candidate("TRC-OUTBOX-LEGAL", gs, F.col("oid"), zero, event, same_ref,
-                                     F.format_string("transition not legal from the replayed state %s",
-                                                     F.element_at(states, F.greatest(expected_from, F.lit(1)))))),
-            (ipc, self._candidate("TRC-IPC-CONSISTENT", gs, F.col("c1"), F.col("c2"), event, prev_ref,
-                                  F.format_string("decision inconsistent with row state %s",
-                                                  F.element_at(states, F.greatest(expected_state, F.lit(1)))))),
-            (frozen, self._candidate("TRC-FP-FROZEN", gs, F.col("oid"), zero, event, first_ref,
-                                     F.lit("fingerprint differs from the row's frozen fingerprint"))),
+            (outbox, self._candidate("TRC-OUTBOX-LEGAL", gs, F.col("oid"), zero, event, same_ref, outbox_case,
+                                     fact=expected_attempts)),
+            (ipc, self._candidate("TRC-IPC-CONSISTENT", gs, F.col("c1"), F.col("c2"), event, prev_ref, ipc_case,
+                                  fact=ipc_fact)),
+            (frozen, self._candidate("TRC-FP-FROZEN", gs, F.col("oid"), zero, event, first_ref, "fp-changed")),
             (freed, self._candidate("TRC-ID-NEVER-FREED", gs, F.col("c1"), F.col("c2"), event, first_ref,
-                                    F.lit("a new row for an id already bound to a row"))),
+                                    "id-freed")),
             (F.col("mav"), self._candidate("TRC-MAX-AGE", gs, F.col("oid"), zero, event, None,
-                                           F.lit("dispatched after, or aged out before, max_age_at_ms"))))
+                                           F.when(F.col("dispatch"), "max-age-dispatched")
+                                           .otherwise("max-age-aged-out"))))
 
     def _messages(self, ev, stats: dict[str, Any]):
         """The broker and inbox invariants: three aggregations with fixed-width buffers (hashed keys, longs and
@@ -437,16 +463,13 @@ class SparkChecker:
         per_message = self._explode(
             ledger,
             (F.col("bad_pk").isNotNull(), self._candidate(
-                "TRC-SIDE-EFFECTS", blank, m1, m2, ref("bad"), None,
-                F.lit("a commit without exactly one dedupe, message and history row and one delivery per recipient"))),
+                "TRC-SIDE-EFFECTS", blank, m1, m2, ref("bad"), None, "side-effects-counts")),
             (F.col("accept_pk").isNotNull() & uncommitted, self._candidate(
-                "TRC-SIDE-EFFECTS", blank, m1, m2, ref("accept"), None, F.lit("a BRK-ACCEPT without its commit"))),
+                "TRC-SIDE-EFFECTS", blank, m1, m2, ref("accept"), None, "side-effects-uncommitted")),
             (F.col("done_pk").isNotNull() & uncommitted & F.col("scope"), self._candidate(
-                "TRC-DONE-HAS-MESSAGE", blank, m1, m2, ref("done"), None,
-                F.lit("done with a broker_message_id the broker never committed"))),
+                "TRC-DONE-HAS-MESSAGE", blank, m1, m2, ref("done"), None, "done-uncommitted")),
             (F.col("delivery_pk").isNotNull() & uncommitted, self._candidate(
-                "TRC-DELIVERY-COMMITTED", blank, m1, m2, ref("delivery"), None,
-                F.lit("a delivery of a message the broker never committed"))))
+                "TRC-DELIVERY-COMMITTED", blank, m1, m2, ref("delivery"), None, "delivery-uncommitted")))
         messages = ledger.filter(F.col("named_pk").isNotNull()).groupBy("m1", "m2").agg(
             F.count(F.lit(1)).alias("messages"),
             F.min("named_pk").alias("low_pk"), F.min_by("named_line", "named_pk").alias("low_line"),
@@ -458,11 +481,11 @@ class SparkChecker:
         two = F.col("messages") > 1
         one_message = self._explode(
             messages,
-            (two, self._candidate("TRC-ONE-MESSAGE", blank, m1, m2, ref("high"), ref("low"),
-                                  F.format_string("%d broker messages", "messages"))),
+            (two, self._candidate("TRC-ONE-MESSAGE", blank, m1, m2, ref("high"), ref("low"), "one-message-messages",
+                                  fact=F.col("messages"))),
             (~two & (F.col("commits") > 1), self._candidate(
-                "TRC-ONE-MESSAGE", blank, m1, m2, ref("commit_last"), ref("commit"),
-                F.format_string("%d commits", "commits"))))
+                "TRC-ONE-MESSAGE", blank, m1, m2, ref("commit_last"), ref("commit"), "one-message-commits",
+                fact=F.col("commits"))))
         # --- per delivery
         deliveries = ev.filter(delivery | ack).select(
             F.xxhash64("mesh", "delivery_id").alias("m1"), F.hash("mesh", "delivery_id").alias("m2"),
@@ -478,19 +501,16 @@ class SparkChecker:
         acked = self._explode(
             deliveries,
             (F.col("ack_pk").isNull() & (F.col("last_lease") + self.grace < F.col("end")), self._candidate(
-                "TRC-DELIVERY-ACKED", blank, m1, m2, ref("last"), None, F.format_string(
-                    "never acked; lease ended at %d, the broker traced until %d", "last_lease", "end"))),
+                "TRC-DELIVERY-ACKED", blank, m1, m2, ref("last"), None, "delivery-unacked", fact=F.col("end"))),
             (F.col("ack_pk").isNotNull() & (F.struct("last_pk", "last_line") > F.struct("ack_pk", "ack_line")),
-             self._candidate("TRC-DELIVERY-ACKED", blank, m1, m2, ref("last"), ref("ack"),
-                             F.lit("delivered again after its ack"))))
+             self._candidate("TRC-DELIVERY-ACKED", blank, m1, m2, ref("last"), ref("ack"), "delivery-after-ack")))
         # --- per inbox row
         inbox = ev.filter((kind == "inbox_insert") & F.coalesce(F.col("inserted"), F.lit(False))).select(
             F.xxhash64("recipient", "client_message_id").alias("m1"),
             F.hash("recipient", "client_message_id").alias("m2"), pk.alias("pk"), "line", F.lit(True).alias("ins")
         ).groupBy("m1", "m2").agg(F.count(F.lit(1)).alias("inserts"), *first("ins", "low"), *last("ins", "high"))
         inserted = self._explode(inbox, (F.col("inserts") > 1, self._candidate(
-            "TRC-ONE-INBOX-ROW", blank, m1, m2, ref("high"), ref("low"),
-            F.format_string("%d inbox rows inserted", "inserts"))))
+            "TRC-ONE-INBOX-ROW", blank, m1, m2, ref("high"), ref("low"), "inbox-rows", fact=F.col("inserts"))))
         return per_message.unionByName(one_message).unionByName(acked).unionByName(inserted)
 
     def _requeues(self, ev):
@@ -515,8 +535,8 @@ class SparkChecker:
         related = {"pk": F.col("old_pk"), "line": F.col("old_line")}
         return self._explode(pairs, (
             F.col("new_pk").isNotNull() & F.col("old_pk").isNotNull() & (F.col("new_fp") != F.col("old_fp")),
-            self._candidate("TRC-FP-FROZEN", F.col("ni"), F.col("k1"), F.col("k2"), event, related,
-                            F.lit("requeue successor fingerprint differs from the retired row's"), mode="pair")))
+            self._candidate("TRC-FP-FROZEN", F.col("ni"), F.col("k1"), F.col("k2"), event, related, "fp-successor",
+                            mode="pair")))
 
     def _ordered(self, frame, value: str, invariant_id: str):
         """Per node, ``value`` strictly increases in line order: windows over chunks of ``line``, boundaries on a
@@ -532,9 +552,9 @@ class SparkChecker:
         zero = F.lit(0)
         here = {"pk": self._pk(), "line": F.col("line")}
         before = {"pk": self._pk(seq=F.col("prev.seq")), "line": F.col("prev.line")}
+        case = f"{value}-not-increasing"  # catalogue.DETAILS
         inside = self._explode(within, (F.col("value") <= F.col("prev.value"), self._candidate(
-            invariant_id, F.col("ni"), zero, zero, here, before,
-            F.format_string(f"{value} %d after %d", "value", "prev.value"), by_line=True)))
+            invariant_id, F.col("ni"), zero, zero, here, before, case, by_line=True)))
         # line order within a node: (line, seq) packed for min_by/max_by (line < 2^40, seq tie-break < 2^23)
         order = F.shiftleft(F.col("line"), 23) + F.col("seq").bitwiseAND((1 << 23) - 1)
         summary = events.groupBy("ni", "chunk").agg(
@@ -548,8 +568,7 @@ class SparkChecker:
         head = {"pk": self._pk(seq=F.col("head_seq")), "line": F.col("head_line")}
         tail = {"pk": self._pk(seq=F.col("prev_tail_seq")), "line": F.col("prev_tail_line")}
         across = self._explode(bounds, (F.col("head_value") <= F.col("prev_tail_value"), self._candidate(
-            invariant_id, F.col("ni"), zero, zero, head, tail,
-            F.format_string(f"{value} %d after %d", "head_value", "prev_tail_value"), by_line=True)))
+            invariant_id, F.col("ni"), zero, zero, head, tail, case, by_line=True)))
         return inside.unionByName(across)
 
     # --- evidence -----------------------------------------------------------------------------------------------
@@ -611,14 +630,15 @@ class SparkChecker:
         for vid, r in enumerate(rows):
             event_row = fetched[(r["e_node"], r["e_line"])]
             related = None if r["r_node"] is None else EventRef(r["r_node"], r["r_seq"], r["r_line"])
-            chosen = {(row["node"], row["seq"], row["line"]): row for row in prefixes.get(vid, [])}
-            chosen[(r["e_node"], r["e_seq"], r["e_line"])] = event_row
-            if related is not None:
-                chosen[(related.node, related.seq, related.line)] = fetched[(related.node, related.line)]
-            evidence = tuple(fmt.row_to_event(chosen[k]) for k in sorted(chosen))
+            related_row = None if related is None else fetched[(related.node, related.line)]
+            chosen = {(row["node"], row["line"]): row for row in prefixes.get(vid, [])}
+            chosen[(r["e_node"], r["e_line"])] = event_row
+            if related_row is not None:
+                chosen[(related.node, related.line)] = related_row
             key = tuple((name, str(event_row[name])) for name in BY_ID[r["invariant"]].key)
+            detail = detail_text(r["detail"]["case"], event_row, related_row, r["detail"]["fact"])
             violations.append(Violation(r["invariant"], key, EventRef(r["e_node"], r["e_seq"], r["e_line"]), related,
-                                        r["detail"] or "", evidence))
+                                        detail, evidence_entries(chosen.values())))
         return violations
 
 
@@ -641,12 +661,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, help="events per window chunk of a heavy subject")
     parser.add_argument("--limit", type=int, default=100, help="violations listed per invariant")
     parser.add_argument("--redelivery-grace-ms", type=int, default=DEFAULT_REDELIVERY_GRACE_MS)
+    parser.add_argument("--driver-host", default=None,
+                        help="the address executors on other machines connect back to this driver at "
+                             "(spark.driver.host; or spark-submit --conf)")
+    parser.add_argument("--driver-bind-address", default=None,
+                        help="the address this driver listens on (spark.driver.bindAddress; default: the driver host)")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    from spark_checks.session import build_session
+    from spark_checks.session import DriverUnreachable, build_session
 
     # Under spark-submit the Python driver talks to an existing JVM (PYSPARK_GATEWAY_PORT): keep its master.
     master = args.master or (None if "PYSPARK_GATEWAY_PORT" in os.environ else "local[*]")
-    spark = build_session(master)
+    try:
+        spark = build_session(master, driver_host=args.driver_host, driver_bind_address=args.driver_bind_address)
+    except DriverUnreachable as exc:
+        print(f"spark_checks.spark: {exc}", file=sys.stderr)
+        return 2
     report = SparkChecker(spark, chunk=args.chunk, redelivery_grace_ms=args.redelivery_grace_ms,
                           limit=args.limit).check(args.paths)
     document = report.as_dict()
