@@ -90,6 +90,12 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--engine", choices=("spark", "oracle", "duckdb"), default="spark")
     check.add_argument("--master", default="local[*]", help="Spark master URL (local[*], spark://host:7077, …)")
     check.add_argument("--driver-memory", default=None, help="driver heap of a local Spark session (default 6g)")
+    check.add_argument("--driver-host", default=None,
+                       help="Spark, a master on another machine: the address its executors connect back to this "
+                            "driver at (spark.driver.host; default 127.0.0.1 for local and spark://127.0.0.1 masters)")
+    check.add_argument("--driver-bind-address", default=None,
+                       help="Spark: the address this driver listens on (spark.driver.bindAddress; default: the driver "
+                            "host)")
     check.add_argument("--report", type=Path, help="write the JSON report here")
     check.add_argument("--limit", type=int, default=100, help="violations listed per invariant")
     check.add_argument("--chunk", type=int, default=None, help="Spark: events per window chunk of a heavy subject")
@@ -164,10 +170,15 @@ def _check(args: argparse.Namespace) -> int:
             _, skipped = fmt.convert_jsonl(paths, root)
             paths = [root]
         if args.engine == "spark":
-            from .session import build_session
+            from .session import DriverUnreachable, build_session
             from .spark import DEFAULT_CHUNK, SparkChecker
 
-            spark = build_session(args.master, driver_memory=args.driver_memory)
+            try:
+                spark = build_session(args.master, driver_memory=args.driver_memory, driver_host=args.driver_host,
+                                      driver_bind_address=args.driver_bind_address)
+            except DriverUnreachable as exc:
+                print(f"meshtrace check: {exc}", file=sys.stderr)
+                return 2
             report = SparkChecker(spark, chunk=args.chunk or DEFAULT_CHUNK,
                                   redelivery_grace_ms=args.redelivery_grace_ms, limit=args.limit).check(paths)
         elif args.engine == "duckdb":

@@ -3,18 +3,29 @@
 A local session (``local``, ``local[N]``, ``local[*]``) binds the driver to 127.0.0.1 -- ``spark.driver.bindAddress``,
 ``spark.driver.host`` and ``SPARK_LOCAL_IP`` -- so nothing listens on or leaves through another interface, and runs
 without the web UI. Its shuffle partition count suits a small machine (adaptive execution coalesces them further).
-Any other master (``spark://…``, ``yarn``, ``k8s://…``) is passed through untouched and the cluster's own settings
-apply. Under ``spark-submit`` the master and resources come from the command line; ``build_session(None)`` then keeps
-them.
+Any other master (``spark://…``, ``yarn``, ``k8s://…``) keeps the cluster's own settings, but not an accidental driver
+address: in client deploy mode the executors connect back to the driver, at ``spark.driver.host``, and the driver
+listens on ``spark.driver.bindAddress`` (by default that host) -- left unset, Java picks whichever interface the host
+name resolves to. So a standalone master on loopback (``spark://127.0.0.1:…``, ``spark://localhost:…``, every
+executor on this machine) gets the driver on 127.0.0.1 and no web UI, as a local session does, and any other master
+needs the driver host given -- by the caller, or already set (``spark-defaults.conf``, ``spark-submit --conf``) --
+else `DriverUnreachable` says what to set. In cluster deploy mode the cluster manager starts the driver on one of its
+machines and sets its address. Under ``spark-submit`` the master and resources come from the command line;
+``build_session(None)`` then keeps them and reads the settings spark-submit started the JVM with.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
+from collections.abc import Mapping
 from typing import Any
 
 DEFAULT_MASTER = "local[*]"
 LOOPBACK = "127.0.0.1"
+#: a line of a Java properties file (spark-defaults.conf): a key, then ``=``, ``:`` or blanks, then the value
+PROPERTY = re.compile(r"([^\s=:]+)\s*[=:\s]\s*(.*)")
 
 #: SQL settings every session gets (set again on a session that already existed): the semantics the checks are
 #: written for.
@@ -43,8 +54,90 @@ def is_local(master: str | None) -> bool:
     return master is None or master == "local" or master.startswith("local[")
 
 
+class DriverUnreachable(ValueError):
+    """A master whose executors run elsewhere, in client deploy mode, and no driver host for them to connect back
+    to."""
+
+
+def is_loopback(host: str) -> bool:
+    host = host.strip("[]")
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def on_loopback(master: str) -> bool:
+    """Whether every executor of ``master`` runs on this machine: a standalone master (or each of its standby
+    masters) on a loopback address, or ``local-cluster[…]``. Not a Kubernetes API server on loopback: its executors
+    are pods."""
+    if master.startswith("local-cluster["):
+        return True
+    if not master.startswith("spark://"):
+        return False
+    return all(is_loopback(address.rsplit(":", 1)[0]) for address in master[len("spark://"):].split(","))
+
+
+def driver_settings(master: str, configured: Mapping[str, str], driver_host: str | None = None,
+                    bind_address: str | None = None) -> dict[str, str]:
+    """The driver address settings for ``master``: 127.0.0.1 when every executor is on this machine, else the
+    driver host given or configured.
+
+    Args:
+        configured: the settings the driver already has (spark-defaults.conf, spark-submit's command line).
+        driver_host: the address executors connect back to (``spark.driver.host``); overrides ``configured``.
+        bind_address: the address the driver listens on (``spark.driver.bindAddress``; default: the driver host).
+    Raises:
+        DriverUnreachable: ``master`` runs executors elsewhere, in client deploy mode, and no driver host is known.
+    """
+    if configured.get("spark.submit.deployMode") == "cluster":
+        return {}
+    host = driver_host or configured.get("spark.driver.host")
+    bind = bind_address or configured.get("spark.driver.bindAddress")
+    if (is_local(master) or on_loopback(master)) and host is None:
+        return {"spark.driver.host": LOOPBACK, "spark.driver.bindAddress": bind or LOOPBACK,
+                "spark.ui.enabled": "false"}
+    if host is None:
+        raise DriverUnreachable(
+            f"the executors of {master} connect back to this driver, and no address for it is set: give the address "
+            f"they reach this machine at with --driver-host HOST (spark.driver.host) and, if this machine must "
+            f"listen on another interface than that, --driver-bind-address ADDRESS (spark.driver.bindAddress); "
+            f"behind a firewall also fix and open spark.driver.port and spark.blockManager.port "
+            f"(spark-defaults.conf or --conf)")
+    return {"spark.driver.host": host, **({"spark.driver.bindAddress": bind} if bind else {})}
+
+
+def spark_defaults() -> dict[str, str]:
+    """``spark-defaults.conf`` of ``SPARK_CONF_DIR``, else of the Spark home's ``conf/`` (what a JVM the driver
+    launches will read)."""
+    from pyspark.find_spark_home import _find_spark_home
+
+    directory = os.environ.get("SPARK_CONF_DIR") or os.path.join(_find_spark_home(), "conf")
+    path = os.path.join(directory, "spark-defaults.conf")
+    settings: dict[str, str] = {}
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as handle:
+            for line in handle:
+                pair = PROPERTY.match(line.strip())
+                if pair and not pair[1].startswith(("#", "!")):
+                    settings[pair[1]] = pair[2].strip()
+    return settings
+
+
+def launch_settings() -> dict[str, str]:
+    """The settings the driver JVM started with: under spark-submit (``PYSPARK_GATEWAY_PORT``) or once a JVM is up,
+    its own (spark-submit's command line over spark-defaults.conf); else spark-defaults.conf."""
+    from pyspark import SparkConf, SparkContext
+
+    if "PYSPARK_GATEWAY_PORT" in os.environ or SparkContext._jvm is not None:
+        SparkContext._ensure_initialized()
+        return dict(SparkConf().getAll())
+    return spark_defaults()
+
+
 def build_session(master: str | None = DEFAULT_MASTER, app_name: str = "meshtrace-check",
-                  driver_memory: str | None = None, conf: dict[str, Any] | None = None):
+                  driver_memory: str | None = None, conf: dict[str, Any] | None = None,
+                  driver_host: str | None = None, driver_bind_address: str | None = None):
     """Get or create the SparkSession for the checks.
 
     Args:
@@ -52,7 +145,11 @@ def build_session(master: str | None = DEFAULT_MASTER, app_name: str = "meshtrac
         driver_memory: the driver heap for a local session (``MESHTRACE_DRIVER_MEMORY``, default 6g); the executors
             of a local session live in the driver JVM.
         conf: extra settings, applied last.
+        driver_host, driver_bind_address: where executors reach the driver and where it listens (`driver_settings`).
+    Raises:
+        DriverUnreachable: from `driver_settings`, before any JVM starts (unless spark-submit started it).
     """
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(app_name)
@@ -64,6 +161,13 @@ def build_session(master: str | None = DEFAULT_MASTER, app_name: str = "meshtrac
         settings.update(LOCAL_CONF)
         settings["spark.local.dir"] = os.environ.get("MESHTRACE_SPARK_TMP") or os.environ.get("TMPDIR") or "/tmp"
         settings["spark.driver.memory"] = driver_memory or os.environ.get("MESHTRACE_DRIVER_MEMORY", "6g")
+    if SparkContext._active_spark_context is None:  # a running context's driver is bound already
+        configured = {} if master is not None and is_local(master) else launch_settings()
+        target = master or configured.get("spark.master")
+        address = driver_settings(target, configured, driver_host, driver_bind_address) if target else {}
+        if is_loopback(address.get("spark.driver.bindAddress", address.get("spark.driver.host", ""))):
+            os.environ["SPARK_LOCAL_IP"] = LOOPBACK
+        settings.update(address)
     settings.update({k: str(v) for k, v in (conf or {}).items()})
     for key, value in settings.items():
         builder = builder.config(key, value)

@@ -661,12 +661,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, help="events per window chunk of a heavy subject")
     parser.add_argument("--limit", type=int, default=100, help="violations listed per invariant")
     parser.add_argument("--redelivery-grace-ms", type=int, default=DEFAULT_REDELIVERY_GRACE_MS)
+    parser.add_argument("--driver-host", default=None,
+                        help="the address executors on other machines connect back to this driver at "
+                             "(spark.driver.host; or spark-submit --conf)")
+    parser.add_argument("--driver-bind-address", default=None,
+                        help="the address this driver listens on (spark.driver.bindAddress; default: the driver host)")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    from spark_checks.session import build_session
+    from spark_checks.session import DriverUnreachable, build_session
 
     # Under spark-submit the Python driver talks to an existing JVM (PYSPARK_GATEWAY_PORT): keep its master.
     master = args.master or (None if "PYSPARK_GATEWAY_PORT" in os.environ else "local[*]")
-    spark = build_session(master)
+    try:
+        spark = build_session(master, driver_host=args.driver_host, driver_bind_address=args.driver_bind_address)
+    except DriverUnreachable as exc:
+        print(f"spark_checks.spark: {exc}", file=sys.stderr)
+        return 2
     report = SparkChecker(spark, chunk=args.chunk, redelivery_grace_ms=args.redelivery_grace_ms,
                           limit=args.limit).check(args.paths)
     document = report.as_dict()
