@@ -4,8 +4,10 @@
 answers so the comparison is of equal work. It is written as plain SQL the way a DuckDB user would write it --
 windows over the natural subjects, ``arg_min``/``arg_max`` for first and last events, no chunking (one machine needs
 no skew handling) -- with the same per-node shortcut the Spark checks use (a node whose ``seq - line`` is constant
-has strictly increasing seqs). It reports the same (invariant, key, event, related) identities; evidence is not
-collected.
+has strictly increasing seqs). It reports what the other engines report: the same (invariant, key, event, related)
+identities, each candidate naming its ``catalogue.DETAILS`` case and the value it computed (``fact``), and the same
+evidence, fetched for the reported violations only by joins of the dataset with small tables of wanted positions and
+subjects.
 """
 
 from __future__ import annotations
@@ -14,11 +16,20 @@ import os
 import shutil
 import tempfile
 import time
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
 from . import format as fmt
-from .catalogue import BY_ID, DEFAULT_REDELIVERY_GRACE_MS, EventRef, Violation
+from .catalogue import (
+    BY_ID,
+    DEFAULT_EVIDENCE_EVENTS,
+    DEFAULT_REDELIVERY_GRACE_MS,
+    EventRef,
+    Violation,
+    detail_text,
+    evidence_entries,
+)
 from .oracle import Report, Tables, sort_violations
 
 
@@ -34,13 +45,15 @@ rows AS MATERIALIZED (
   SELECT e.node, e.client_message_id AS cmid, e.seq, e.line, e.ts_ms, e.kind = 'outbox_transition' AS is_ot,
          e.outbox_id AS oid, e.request_fingerprint AS fp, e.from_state AS fr, e.to_state AS tos, e.attempts AS att,
          e.table_row, e.row_state AS st, e.fingerprint_match AS fm, e.max_age_at_ms, l.delta,
-         a.answer IS NOT NULL AS tok
+         a.answer IS NOT NULL AS tok, x.answer AS expected_answer
   FROM ev e
   LEFT JOIN legal l ON e.kind = 'outbox_transition'
        AND l.tkey = concat_ws('|', e.from_state, e.event, e.to_state, e.table_row)
   LEFT JOIN answers a ON e.kind = 'ipc_decision'
        AND a.answer = concat_ws('|', e.row_state, coalesce(CAST(e.fingerprint_match AS VARCHAR), 'null'),
                                 e.table_row, CAST(e.http_status AS VARCHAR))
+  LEFT JOIN ipc_expected x ON e.kind = 'ipc_decision'
+       AND x.k = concat_ws('|', e.row_state, coalesce(CAST(e.fingerprint_match AS VARCHAR), 'null'))
   WHERE e.kind IN ('outbox_transition', 'ipc_decision')),
 w AS MATERIALIZED (
   SELECT *,
@@ -103,67 +116,87 @@ seqs AS (
 candidates AS (
   SELECT 'TRC-OUTBOX-LEGAL' AS invariant, node || '|' || oid AS k, node, seq, line,
          CASE WHEN same_row THEN node END AS r_node, CASE WHEN same_row THEN p.seq END AS r_seq,
-         CASE WHEN same_row THEN p.line END AS r_line, false AS by_line
+         CASE WHEN same_row THEN p.line END AS r_line, false AS by_line,
+         CASE WHEN delta IS NULL THEN 'outbox-not-a-transition'
+              WHEN fr IS DISTINCT FROM CASE WHEN same_row THEN p.tos ELSE 'none' END THEN 'outbox-from'
+              ELSE 'outbox-attempts' END AS detail,
+         CAST((CASE WHEN same_row THEN p.att ELSE 0 END) + coalesce(delta, 0) AS VARCHAR) AS fact
   FROM wc WHERE is_ot AND (delta IS NULL OR fr IS DISTINCT FROM CASE WHEN same_row THEN p.tos ELSE 'none' END
                            OR att IS DISTINCT FROM (CASE WHEN same_row THEN p.att ELSE 0 END) + coalesce(delta, 0))
   UNION ALL
   SELECT 'TRC-IPC-CONSISTENT', node || '|' || cmid, node, seq, line, CASE WHEN p IS NOT NULL THEN node END, p.seq,
-         p.line, false
+         p.line, false,
+         CASE WHEN st IS DISTINCT FROM coalesce(p.tos, 'none') THEN 'ipc-row-state'
+              WHEN fm IS DISTINCT FROM CASE WHEN p IS NULL THEN NULL ELSE fp = f.fp END THEN 'ipc-fingerprint-match'
+              WHEN NOT tok THEN 'ipc-answer' ELSE 'ipc-outbox-id' END,
+         CASE WHEN st IS DISTINCT FROM coalesce(p.tos, 'none') THEN NULL
+              WHEN fm IS DISTINCT FROM CASE WHEN p IS NULL THEN NULL ELSE fp = f.fp END
+                   THEN CAST(CASE WHEN p IS NULL THEN NULL ELSE fp = f.fp END AS VARCHAR)
+              WHEN NOT tok THEN expected_answer END
   FROM wc WHERE NOT is_ot AND (st IS DISTINCT FROM coalesce(p.tos, 'none')
                                OR fm IS DISTINCT FROM CASE WHEN p IS NULL THEN NULL ELSE fp = f.fp END
                                OR NOT tok OR (p IS NOT NULL AND oid IS NOT NULL AND oid <> p.oid))
   UNION ALL
-  SELECT 'TRC-FP-FROZEN', node || '|' || oid, node, seq, line, node, f.seq, f.line, false
+  SELECT 'TRC-FP-FROZEN', node || '|' || oid, node, seq, line, node, f.seq, f.line, false, 'fp-changed', NULL
   FROM wc WHERE is_ot AND fp IS DISTINCT FROM f.fp
   UNION ALL
-  SELECT 'TRC-ID-NEVER-FREED', node || '|' || cmid, node, seq, line, node, f.seq, f.line, false
+  SELECT 'TRC-ID-NEVER-FREED', node || '|' || cmid, node, seq, line, node, f.seq, f.line, false, 'id-freed', NULL
   FROM wc WHERE is_ot AND fr = 'none' AND p IS NOT NULL
   UNION ALL
-  SELECT 'TRC-MAX-AGE', node || '|' || oid, node, seq, line, NULL, NULL, NULL, false
+  SELECT 'TRC-MAX-AGE', node || '|' || oid, node, seq, line, NULL, NULL, NULL, false,
+         CASE WHEN table_row = 'OB-PENDING-DISPATCH' THEN 'max-age-dispatched' ELSE 'max-age-aged-out' END, NULL
   FROM rows WHERE is_ot AND ((table_row = 'OB-PENDING-DISPATCH' AND max_age_at_ms IS NOT NULL
                               AND ts_ms > max_age_at_ms)
                              OR (table_row = 'OB-PENDING-MAX-AGE' AND (max_age_at_ms IS NULL
                                                                        OR ts_ms <= max_age_at_ms)))
   UNION ALL
-  SELECT 'TRC-SIDE-EFFECTS', mesh || '|' || cmid, bad[1], bad[2], bad[3], NULL, NULL, NULL, false
+  SELECT 'TRC-SIDE-EFFECTS', mesh || '|' || cmid, bad[1], bad[2], bad[3], NULL, NULL, NULL, false,
+         'side-effects-counts', NULL
   FROM ledger WHERE bad IS NOT NULL
   UNION ALL
-  SELECT 'TRC-SIDE-EFFECTS', mesh || '|' || cmid, accept[1], accept[2], accept[3], NULL, NULL, NULL, false
+  SELECT 'TRC-SIDE-EFFECTS', mesh || '|' || cmid, accept[1], accept[2], accept[3], NULL, NULL, NULL, false,
+         'side-effects-uncommitted', NULL
   FROM ledger WHERE accept IS NOT NULL AND commits = 0
   UNION ALL
-  SELECT 'TRC-DONE-HAS-MESSAGE', mesh || '|' || cmid, done[1], done[2], done[3], NULL, NULL, NULL, false
+  SELECT 'TRC-DONE-HAS-MESSAGE', mesh || '|' || cmid, done[1], done[2], done[3], NULL, NULL, NULL, false,
+         'done-uncommitted', NULL
   FROM ledger WHERE done IS NOT NULL AND commits = 0 AND scope
   UNION ALL
   SELECT 'TRC-DELIVERY-COMMITTED', mesh || '|' || cmid, delivery[1], delivery[2], delivery[3], NULL, NULL, NULL,
-         false
+         false, 'delivery-uncommitted', NULL
   FROM ledger WHERE delivery IS NOT NULL AND commits = 0
   UNION ALL
-  SELECT 'TRC-ONE-MESSAGE', mesh || '|' || cmid, high[1], high[2], high[3], low[1], low[2], low[3], false
+  SELECT 'TRC-ONE-MESSAGE', mesh || '|' || cmid, high[1], high[2], high[3], low[1], low[2], low[3], false,
+         'one-message-messages', CAST(n AS VARCHAR)
   FROM messages WHERE n > 1
   UNION ALL
   SELECT 'TRC-ONE-MESSAGE', mesh || '|' || cmid, commit_last[1], commit_last[2], commit_last[3], commit_first[1],
-         commit_first[2], commit_first[3], false
+         commit_first[2], commit_first[3], false, 'one-message-commits', CAST(commits AS VARCHAR)
   FROM messages WHERE n <= 1 AND commits > 1
   UNION ALL
-  SELECT 'TRC-DELIVERY-ACKED', mesh || '|' || delivery_id, last[1], last[2], last[3], NULL, NULL, NULL, false
+  SELECT 'TRC-DELIVERY-ACKED', mesh || '|' || delivery_id, last[1], last[2], last[3], NULL, NULL, NULL, false,
+         'delivery-unacked', CAST(last_ts AS VARCHAR)
   FROM deliveries WHERE ack IS NULL AND lease + {grace} < last_ts
   UNION ALL
-  SELECT 'TRC-DELIVERY-ACKED', mesh || '|' || delivery_id, last[1], last[2], last[3], ack[1], ack[2], ack[3], false
+  SELECT 'TRC-DELIVERY-ACKED', mesh || '|' || delivery_id, last[1], last[2], last[3], ack[1], ack[2], ack[3], false,
+         'delivery-after-ack', NULL
   FROM deliveries WHERE ack IS NOT NULL AND last > ack
   UNION ALL
-  SELECT 'TRC-ONE-INBOX-ROW', recipient || '|' || cmid, high[1], high[2], high[3], low[1], low[2], low[3], false
+  SELECT 'TRC-ONE-INBOX-ROW', recipient || '|' || cmid, high[1], high[2], high[3], low[1], low[2], low[3], false,
+         'inbox-rows', CAST(n AS VARCHAR)
   FROM inbox
   UNION ALL
-  SELECT 'TRC-FP-FROZEN', node || '|' || k, node, new[1], new[2], node, old[1], old[2], false
+  SELECT 'TRC-FP-FROZEN', node || '|' || k, node, new[1], new[2], node, old[1], old[2], false, 'fp-successor', NULL
   FROM requeues WHERE new IS NOT NULL AND old IS NOT NULL AND new[3] <> old[3]
   UNION ALL
-  SELECT 'TRC-EVENT-IDS-MONOTONIC', node, node, seq, line, node, prev[1], prev[2], true
+  SELECT 'TRC-EVENT-IDS-MONOTONIC', node, node, seq, line, node, prev[1], prev[2], true, 'event_id-not-increasing',
+         NULL
   FROM sse WHERE value <= prev[3]
   UNION ALL
-  SELECT 'TRC-SEQ-MONOTONIC', node, node, seq, line, node, prev[1], prev[2], true
+  SELECT 'TRC-SEQ-MONOTONIC', node, node, seq, line, node, prev[1], prev[2], true, 'seq-not-increasing', NULL
   FROM seqs WHERE value <= prev[3])
 SELECT invariant, k,
-  arg_min((node, seq, line, r_node, r_seq, r_line),
+  arg_min((node, seq, line, r_node, r_seq, r_line, detail, fact),
           (CASE WHEN by_line THEN '' ELSE node END, CASE WHEN by_line THEN line ELSE seq END,
            coalesce(r_node, ''), coalesce(r_seq, -1))) AS first
 FROM candidates GROUP BY invariant, k
@@ -171,8 +204,9 @@ FROM candidates GROUP BY invariant, k
 
 
 def check(paths: Path | list[Path], threads: int | None = None, memory_limit: str | None = None,
-          redelivery_grace_ms: int = DEFAULT_REDELIVERY_GRACE_MS) -> Report:
-    """Run the catalogue with DuckDB over a Parquet trace; returns the violations (without evidence)."""
+          redelivery_grace_ms: int = DEFAULT_REDELIVERY_GRACE_MS,
+          evidence_events: int = DEFAULT_EVIDENCE_EVENTS) -> Report:
+    """Run the catalogue with DuckDB over a Parquet trace; returns the violations with their evidence."""
     import duckdb
 
     started = time.monotonic()
@@ -190,13 +224,17 @@ def check(paths: Path | list[Path], threads: int | None = None, memory_limit: st
     files = ", ".join(_literal(str(fmt.dataset_path(p)) + "/**/*.parquet") for p in paths)
     columns = ", ".join(fmt.COLUMNS)
     con.execute(f"CREATE VIEW ev AS SELECT {columns} FROM read_parquet([{files}], hive_partitioning = false)")
-    from .spark import ipc_answers, legal_transitions
+    from .spark import STATES, ipc_answers, legal_transitions
 
     tables = Tables()
     con.execute("CREATE TEMP TABLE legal (tkey VARCHAR, delta INTEGER)")
     con.executemany("INSERT INTO legal VALUES (?, ?)", sorted(legal_transitions(tables).items()))
     con.execute("CREATE TEMP TABLE answers (answer VARCHAR)")
     con.executemany("INSERT INTO answers VALUES (?)", [(a,) for a in ipc_answers(tables)])
+    con.execute("CREATE TEMP TABLE ipc_expected (k VARCHAR, answer VARCHAR)")
+    con.executemany("INSERT INTO ipc_expected VALUES (?, ?)",
+                    [(f"{state}|{text}", tables.ipc_answer(state, match)) for state in STATES
+                     for match, text in ((None, "null"), (True, "true"), (False, "false"))])
     stats = con.execute("""
         SELECT node, source, mesh, min(seq - line), max(seq - line), max(ts_ms), count(*)
         FROM ev GROUP BY ALL""").fetchall()
@@ -216,21 +254,76 @@ def check(paths: Path | list[Path], threads: int | None = None, memory_limit: st
     con.execute("CREATE TEMP TABLE broker_meshes (mesh VARCHAR)")
     con.executemany("INSERT INTO broker_meshes VALUES (?)", [(m,) for m in sorted(broker_meshes)])
     suspects = sorted(node for node, (low, high) in spread.items() if low != high)
-    found = con.execute(_candidates_sql(redelivery_grace_ms, suspects)).fetchall()
-    violations: list[Violation] = []
-    counts: dict[str, int] = {}
-    for invariant_id, _, (node, seq, line, r_node, r_seq, r_line) in found:
-        counts[invariant_id] = counts.get(invariant_id, 0) + 1
-        related = None if r_node is None else EventRef(r_node, r_seq, r_line)
-        violations.append(Violation(invariant_id, _key(con, invariant_id, node, line), EventRef(node, seq, line),
-                                    related))
+    found = [(invariant_id, *first) for invariant_id, _, first in
+             con.execute(_candidates_sql(redelivery_grace_ms, suspects)).fetchall()]
+    counts = dict(Counter(candidate[0] for candidate in found))
+    violations = _violations(con, found, evidence_events)
     con.close()
     shutil.rmtree(spill, ignore_errors=True)
     return Report("duckdb", ", ".join(map(str, paths)), events, sorted(sources), time.monotonic() - started,
                   sort_violations(violations), counts, [], {"redelivery_grace_ms": redelivery_grace_ms})
 
 
-def _key(con: Any, invariant_id: str, node: str, line: int) -> tuple[tuple[str, str], ...]:
-    names = BY_ID[invariant_id].key
-    row = con.execute(f"SELECT {', '.join(names)} FROM ev WHERE node = ? AND line = ?", [node, line]).fetchone()
-    return tuple((name, str(value)) for name, value in zip(names, row, strict=True))
+#: the prefix invariants whose evidence is one outbox row's transitions (the others take the whole subject's)
+ONE_ROW = ("TRC-OUTBOX-LEGAL", "TRC-FP-FROZEN", "TRC-MAX-AGE")
+
+
+def _violations(con: Any, found: list[tuple[Any, ...]], evidence_events: int) -> list[Violation]:
+    """The chosen candidates ``(invariant, node, seq, line, r_node, r_seq, r_line, case, fact)`` as violations: keys,
+    details and evidence read back by joining the dataset with small tables of the wanted positions and subjects."""
+    if not found:
+        return []
+    wanted = {(c[1], c[3]) for c in found} | {(c[4], c[6]) for c in found if c[4] is not None}
+    rows = {(row["node"], row["line"]): row for row in _joined(
+        con, "wanted", "w_node VARCHAR, w_line BIGINT", sorted(wanted),
+        "SELECT e.* FROM ev e JOIN wanted ON e.node = w_node AND e.line = w_line")}
+    row_subjects, delivery_subjects = [], []
+    for vid, (invariant_id, node, seq, line, _, _, _, case, _) in enumerate(found):
+        if BY_ID[invariant_id].evidence != "prefix" or case == "fp-successor":  # a successor shows its pair
+            continue
+        event = rows[(node, line)]
+        if invariant_id == "TRC-DELIVERY-ACKED":
+            delivery_subjects.append((vid, event["mesh"], event["delivery_id"], node, seq, line))
+        else:
+            row_subjects.append((vid, node, event["client_message_id"],
+                                 event["outbox_id"] if invariant_id in ONE_ROW else None,
+                                 invariant_id == "TRC-IPC-CONSISTENT", seq, line))
+    trim = (f"QUALIFY row_number() OVER (PARTITION BY vid ORDER BY e.node, e.seq, e.line) = 1 OR row_number() "
+            f"OVER (PARTITION BY vid ORDER BY e.node DESC, e.seq DESC, e.line DESC) <= {evidence_events - 1}")
+    prefixes: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for row in _joined(con, "row_subjects", "vid INTEGER, s_node VARCHAR, s_cmid VARCHAR, s_oid VARCHAR, "
+                       "s_ipc BOOLEAN, s_seq BIGINT, s_line BIGINT", row_subjects, f"""
+            SELECT vid, e.* FROM ev e JOIN row_subjects ON e.node = s_node AND e.client_message_id = s_cmid
+            WHERE e.kind IN ('outbox_transition', 'ipc_decision') AND (e.kind = 'outbox_transition' OR s_ipc)
+              AND (s_oid IS NULL OR e.outbox_id = s_oid) AND (e.seq, e.line) <= (s_seq, s_line) {trim}"""):
+        prefixes[row["vid"]].append(row)
+    for row in _joined(con, "delivery_subjects", "vid INTEGER, s_mesh VARCHAR, s_did VARCHAR, s_node VARCHAR, "
+                       "s_seq BIGINT, s_line BIGINT", delivery_subjects, f"""
+            SELECT vid, e.* FROM ev e JOIN delivery_subjects ON e.mesh = s_mesh AND e.delivery_id = s_did
+            WHERE e.kind IN ('delivery', 'delivery_ack') AND (e.node, e.seq, e.line) <= (s_node, s_seq, s_line)
+            {trim}"""):
+        prefixes[row["vid"]].append(row)
+    violations = []
+    for vid, (invariant_id, node, seq, line, r_node, r_seq, r_line, case, fact) in enumerate(found):
+        event = rows[(node, line)]
+        related = None if r_node is None else rows[(r_node, r_line)]
+        chosen = {(row["node"], row["line"]): row for row in prefixes.get(vid, [])}
+        chosen[(node, line)] = event
+        if related is not None:
+            chosen[(r_node, r_line)] = related
+        violations.append(Violation(
+            invariant_id, tuple((name, str(event[name])) for name in BY_ID[invariant_id].key),
+            EventRef(node, seq, line), None if r_node is None else EventRef(r_node, r_seq, r_line),
+            detail_text(case, event, related, fact), evidence_entries(chosen.values())))
+    return violations
+
+
+def _joined(con: Any, table: str, columns: str, values: list[tuple[Any, ...]], query: str) -> list[dict[str, Any]]:
+    """The rows of ``query`` (as dicts) after loading ``values`` into the temp table ``table`` (``columns``)."""
+    if not values:
+        return []
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {table} ({columns})")
+    con.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * len(values[0]))})", values)
+    cursor = con.execute(query)
+    names = [column[0] for column in cursor.description]
+    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
