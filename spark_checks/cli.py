@@ -206,6 +206,7 @@ def _check(args: argparse.Namespace) -> int:
 
 def _print_report(document: dict) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console()
@@ -223,12 +224,34 @@ def _print_report(document: dict) -> None:
         table.add_row(inv["id"], ", ".join(inv["requirements"] or inv["errata"]), result)
     console.print(table)
     for violation in document["violations"]:
-        console.print(f"[red]{violation['invariant']}[/red] {violation['key']} at {violation['event']}: "
-                      f"{violation['detail']}")
-        for event in violation["evidence"]:
-            console.print("    " + json.dumps(event, separators=(",", ":")), highlight=False, soft_wrap=True)
+        key = ", ".join(f"{name}={value}" for name, value in violation["key"].items())
+        at = violation["event"]
+        console.print(f"[red]{violation['invariant']}[/red] " + escape(
+            f"{key} at {at['node']} line {at['line']} (seq {at['seq']}): {violation['detail']}"), soft_wrap=True)
+        for line in evidence_lines(violation):
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
     if document["invalid"]["count"]:
         console.print(f"[yellow]{document['invalid']['count']} invalid event(s)[/yellow]")
+
+
+def evidence_lines(violation: dict) -> list[str]:
+    """A reported violation's evidence, one event a line in file order: ``>`` marks the violating event and ``*`` the
+    related one, then where it sits (node, line, seq; ``file:line`` for JSONL input) and the event, so a seq that
+    goes backwards in the file is visible at a glance."""
+    entries = violation["evidence"]
+    marks = {(violation["event"]["node"], violation["event"]["line"]): ">"}
+    if violation["related"] is not None:
+        marks.setdefault((violation["related"]["node"], violation["related"]["line"]), "*")
+    line_width = max((len(str(e["line"])) for e in entries), default=1)
+    seq_width = max((len(str(e["seq"])) for e in entries), default=1)
+    lines = []
+    for entry in entries:
+        where = f"{entry['node']} line {entry['line']:>{line_width}} seq {entry['seq']:>{seq_width}}"
+        if entry["file"] is not None:
+            where += f" {entry['file']}:{entry['file_line']}"
+        mark = marks.get((entry["node"], entry["line"]), " ")
+        lines.append(f"  {mark} {where}  {json.dumps(entry['event'], separators=(',', ':'))}")
+    return lines
 
 
 def _missing(command: str, paths: list[Path]) -> bool:
