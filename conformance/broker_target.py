@@ -1,7 +1,9 @@
 """The broker under test: an already running one (``--url ws://…``) or one the harness launches and can restart.
 
-The reference target launches `meshd broker serve --dev` on a SQLite store in a temporary directory. A launch
-template for another broker uses ``{port}`` (a free 127.0.0.1 port to listen on) and ``{state_dir}``; so may
+The reference target launches `meshd broker serve --dev` on a SQLite store in a temporary directory, tracing into
+``{trace_dir}``. A launch template for another broker uses ``{port}`` (a free 127.0.0.1 port to listen on) and
+``{state_dir}``, and may use ``{trace_dir}``: a directory the harness owns, kept across restarts, where the broker may
+write its trace (spec/schemas/trace), checked after the run as the daemon suite checks a daemon's (traces.py); so may
 ``--store-dsn`` (``sqlite:///{state_dir}/broker.db``), for a launched broker whose store lives in its state directory.
 The harness plays members of a broker in development mode (any ed25519 key is admitted, topics may be created on first
 use).
@@ -37,6 +39,8 @@ REFERENCE_BROKER = (
     f"{shlex.quote(sys.executable)} -m reference.cli broker serve --store sqlite:///{{state_dir}}/broker.db "
     f"--listen 127.0.0.1:{{port}} --dev --lease-s {REFERENCE_LEASE_S} --inline-bytes 65536"
 )
+#: what ``meshconform broker`` launches by default: the reference broker, writing its trace for the harness
+REFERENCE_TRACED_BROKER = f"{REFERENCE_BROKER} --trace-dir {{trace_dir}}"
 #: the lease of a broker that names none: `meshd broker serve`'s default, and upstream claudemesh's ("a 30 s lease")
 DEFAULT_LEASE_S = 30.0
 #: parameter names a broker may carry its lease in (not in the spec: an open-params convention the harness reads)
@@ -54,6 +58,7 @@ class BrokerTarget:
     mesh_id: str = "meshconform"
     store_dsn: str | None = None
     lease_s: float | None = None
+    trace_dir: Path | None = None
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="meshconform-broker-")))
     port: int = field(default_factory=free_port)
     process: subprocess.Popen | None = None
@@ -89,7 +94,7 @@ class BrokerTarget:
             self.store_dsn = self.store_dsn.replace("{state_dir}", str(self.workdir / "broker"))
         if self.template is not None:
             (self.workdir / "broker").mkdir(parents=True, exist_ok=True)
-            if self.template == REFERENCE_BROKER and self.store_dsn is None:
+            if self.template.startswith(REFERENCE_BROKER) and self.store_dsn is None:
                 self.store_dsn = f"sqlite:///{self.workdir / 'broker' / 'broker.db'}"
             self.url = f"ws://127.0.0.1:{self.port}"
             self._spawn()
@@ -100,7 +105,10 @@ class BrokerTarget:
         return self
 
     def _spawn(self) -> None:
-        command = shlex.split(self.template.format(state_dir=self.workdir / "broker", port=self.port))
+        trace_dir = self.trace_dir or self.workdir / "trace"
+        trace_dir.mkdir(parents=True, exist_ok=True)
+        command = shlex.split(self.template.format(state_dir=self.workdir / "broker", port=self.port,
+                                                   trace_dir=trace_dir))
         log = (self.workdir / "broker.log").open("ab")
         self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                         start_new_session=True)

@@ -13,6 +13,10 @@ An implementation is described by a command template whose placeholders the harn
   adapters, see ``conformance/adapters/``) that cannot follow the paths above;
 * ``{clock_file}`` — the clock hook: a file holding a decimal number of seconds to add to the wall clock (``0`` at
   start; the harness rewrites it to move time forward, e.g. to age a row past its max age in a bounded run).
+* ``{trace_dir}`` — a directory the harness owns where the implementation MAY write its trace (JSONL events of
+  spec/schemas/trace, one file per node): one per instance, kept across that instance's restarts (every incarnation
+  appends, and ``seq`` goes on increasing); after the run the harness checks it with the trace oracle and reports
+  TRC-* verdicts (traces.py). An implementation that writes nothing there gets them all "not judged".
 
 The same values are in the environment as ``MESHCONFORM_<NAME>`` (``MESHCONFORM_BROKER_URL`` …). The harness runs
 the command in its own process group, waits until ``GET /v1/health`` answers on the socket, and for crash tests
@@ -43,7 +47,10 @@ REFERENCE_TEMPLATE = (
     f"{shlex.quote(sys.executable)} -m reference.cli up --state-dir {{state_dir}} --broker-url {{broker_url}} "
     "--port {port} --clock-file {clock_file} --target-file {target_file}"
 )
-PLACEHOLDERS = ("broker_url", "state_dir", "socket", "port", "token_file", "target_file", "clock_file", "config")
+#: what ``meshconform run --target reference`` launches: the reference always writes its trace for the harness
+REFERENCE_TRACED_TEMPLATE = f"{REFERENCE_TEMPLATE} --trace-dir {{trace_dir}}"
+PLACEHOLDERS = ("broker_url", "state_dir", "socket", "port", "token_file", "target_file", "clock_file", "config",
+                "trace_dir")
 
 
 class LaunchError(RuntimeError):
@@ -77,12 +84,13 @@ class Description:
 
 @dataclass
 class Launched:
-    """One implementation process started from a template; ``restart`` reuses the state directory and port."""
+    """One implementation process started from a template; ``restart`` reuses the state, trace directory and port."""
 
     template: str
     state_dir: Path
     broker_url: str
     port: int = field(default_factory=free_port)
+    trace_dir: Path | None = None
     env: dict[str, str] = field(default_factory=dict)
     ready_timeout: float = 30.0
     process: subprocess.Popen | None = None
@@ -97,6 +105,11 @@ class Launched:
     @property
     def clock_file(self) -> Path:
         return self.state_dir.parent / f"{self.state_dir.name}.clock"
+
+    @property
+    def trace_path(self) -> Path:
+        """``{trace_dir}``: the directory the harness gave this instance, else one beside its state directory."""
+        return self.trace_dir or self.state_dir.parent / f"{self.state_dir.name}.trace"
 
     @property
     def socket_path(self) -> Path:
@@ -129,7 +142,8 @@ class Launched:
         return {"broker_url": self.broker_url, "state_dir": str(self.state_dir),
                 "socket": str(self.state_dir / "daemon.sock"), "port": str(self.port),
                 "token_file": str(self.state_dir / "local_token"), "target_file": str(self.target_file),
-                "clock_file": str(self.clock_file), "config": str(self.state_dir / "config.toml")}
+                "clock_file": str(self.clock_file), "config": str(self.state_dir / "config.toml"),
+                "trace_dir": str(self.trace_path)}
 
     def command(self) -> list[str]:
         return shlex.split(self.template.format(**self.values()))
@@ -142,6 +156,8 @@ class Launched:
 
     def start(self, wait: bool = True) -> Launched:
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        if self.trace_dir is not None or "{trace_dir}" in self.template:
+            self.trace_path.mkdir(parents=True, exist_ok=True)
         if not self.clock_file.exists():
             self.set_clock(0)
         log = self.log_path.open("ab")

@@ -31,7 +31,7 @@ from pathlib import Path
 import httpx
 
 from . import timing as timing_mod
-from .launch import REFERENCE_TEMPLATE, Launched, LaunchError, check_template
+from .launch import REFERENCE_TRACED_TEMPLATE, Launched, LaunchError, check_template
 from .peer import PeerConfig, ScriptedBroker
 
 HARNESS_CONFIG = """
@@ -68,6 +68,8 @@ class Target:
     dialect: str = "auto"
     timing_overrides: dict[str, float] = field(default_factory=dict)
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="meshconform-")))
+    trace_root: Path | None = None
+    trace_dirs: dict[str, Path] = field(default_factory=dict)
     broker: ScriptedBroker | None = None
     launched: Launched | None = None
     instances: list[Launched] = field(default_factory=list)
@@ -106,7 +108,7 @@ class Target:
         self.broker = ScriptedBroker(self.peer_config(), host=host or "127.0.0.1", port=int(port or 0))
         self.broker.start()
         if self.spec == "reference":
-            self.template = self.template or REFERENCE_TEMPLATE
+            self.template = self.template or REFERENCE_TRACED_TEMPLATE
         if self.template is not None:
             try:
                 check_template(self.template)
@@ -191,13 +193,22 @@ class Target:
         (state_dir / "config.toml").write_text(config)
         peer = broker or self.broker
         assert peer is not None
-        instance = Launched(self.template, state_dir, peer.url)
+        instance = Launched(self.template, state_dir, peer.url, trace_dir=self._trace_dir(name))
         self.instances.append(instance)
         try:
             instance.start(wait=wait)
         except LaunchError as exc:
             raise TargetError(f"the target did not start: {exc}") from exc
         return instance
+
+    def _trace_dir(self, name: str) -> Path | None:
+        """A fresh ``{trace_dir}`` under ``trace_root`` for a new instance (``name``, ``name-2`` … when a case starts
+        one name again: a new state directory is a new instance), or None without a trace root."""
+        if self.trace_root is None:
+            return None
+        unique = next(n for n in (name, *(f"{name}-{k}" for k in range(2, 10_000))) if n not in self.trace_dirs)
+        self.trace_dirs[unique] = self.trace_root / unique
+        return self.trace_dirs[unique]
 
     def release_fresh(self) -> None:
         """Stop every instance but the main one; restart the main one if a fixed port made us stop it."""

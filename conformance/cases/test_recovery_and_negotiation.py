@@ -192,7 +192,8 @@ def test_second_daemon_on_one_state_dir_refuses(launcher, verdict):
     """A second start on a state directory in use exits (6, E-15) and the first keeps serving."""
     peer, instance = fresh(launcher, "singleton")
     try:
-        second = Launched(instance.template, instance.state_dir, peer.url)  # its own port: only the state is shared
+        # its own port; the state, and with it the node and its trace directory, are the first one's
+        second = Launched(instance.template, instance.state_dir, peer.url, trace_dir=instance.trace_dir)
         code = _start_and_expect_exit(second, timeout=20)
         if code is None:
             second.kill9()
