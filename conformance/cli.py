@@ -145,7 +145,8 @@ class _Capture:
 def summarize(report: dict) -> None:
     """Print both parts of the verdict (spec, profile), every failure with what it violates, and the totals."""
     s = report["summary"]
-    colors = {"pass": "green", "fail": "red", "error": "magenta", "skip": "yellow", "not_checked": "dim"}
+    colors = {"pass": "green", "fail": "red", "error": "magenta", "skip": "yellow", "not_checked": "dim",
+              "not_judged": "dim"}
     for kind, title in (("spec", "spec conformance (the spec's own MUST/SHOULD)"),
                         ("profile", "meshspec profile (errata decisions, OpenAPI shape)")):
         table = Table(title=escape(f"{title} — {report.get('target_name') or report['target']}"))
@@ -156,16 +157,33 @@ def summarize(report: dict) -> None:
                 continue
             table.add_row(r["id"], r["level"], f"[{colors[r['verdict']]}]{r['verdict']}[/]", escape(r["reason"][:90]))
         console.print(table)
+    traces = report.get("traces")
+    judged = [r for r in (traces or {}).get("invariants", []) if r["verdict"] != "not_judged"]
+    if judged:
+        table = Table(title=escape(f"trace checks (TRC, the target's trace) — {traces['reason']}"))
+        for column in ("invariant", "part", "verdict", "reason"):
+            table.add_column(column)
+        for r in judged:
+            table.add_row(r["id"], f"{r['kind']} {r['level']}", f"[{colors[r['verdict']]}]{r['verdict']}[/]",
+                          escape(r["reason"][:90]))
+        console.print(table)
+    elif traces is not None:
+        console.print(f"trace checks: {escape(traces['reason'])}")
     for r in report["requirements"]:
         if r["verdict"] in ("fail", "error"):
             console.print(f"[red]{r['verdict'].upper()}[/red] {r['id']} ({r['level']}, {r['kind']}): "
                           f"{escape(r['reason'][:300])}\n  violates: {escape(r['cite'][:300])}")
+    for r in judged:
+        if r["verdict"] == "fail":
+            console.print(f"[red]FAIL[/red] {r['id']} ({r['level']}, {r['kind']}, trace): {escape(r['reason'][:300])}"
+                          f"\n  violates: {escape(r['cite'][:300])}")
     for error in report["harness_errors"]:
         console.print(f"[magenta]harness error:[/magenta] {escape(error)}")
     verdict_color = {"pass": "green", "fail": "red", "error": "magenta"}[s["verdict"]]
     console.print(f"[bold {verdict_color}]{s['verdict'].upper()}[/] — spec {s['spec']['verdict']} "
                   f"{s['spec']['requirements']} — profile {s['profile']['verdict']} {s['profile']['requirements']} — "
-                  f"cases {s['cases']} — {report['duration_s']} s")
+                  + (f"traces {traces['verdict']} — " if traces is not None else "")
+                  + f"cases {s['cases']} — {report['duration_s']} s")
 
 
 def list_cases(args: argparse.Namespace) -> int:
@@ -187,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     runner = sub.add_parser("run", help="run the conformance suite against a daemon")
     runner.add_argument("--target", default="reference",
                         help="reference (default) | unix:///path/daemon.sock | http://127.0.0.1:PORT")
-    runner.add_argument("--launch", help="launch template with {broker_url} {state_dir} {socket} {port} {token_file}")
+    runner.add_argument("--launch", help="launch template with {broker_url} {state_dir} {socket} {port} {token_file} "
+                        "{target_file} {clock_file} {config} {trace_dir} (conformance/launch.py)")
     runner.add_argument("--token-file", type=Path, help="bearer token file for an http:// target")
     runner.add_argument("--broker-listen", help="address of the scripted broker (default 127.0.0.1:<free>)")
     runner.add_argument("--strict", action="store_true", help="SHOULD failures fail the run")
@@ -203,15 +222,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="the exit code counts the spec's own requirements only, not meshspec's profile")
     runner.add_argument("--case-timeout", type=float, default=90.0, help="per test node timeout in seconds")
     runner.add_argument("--deadline", type=float, default=1800.0, help="the whole run's deadline in seconds")
-    runner.add_argument("--report-dir", type=Path, help="write report.json, junit.xml, report.md, report.html")
+    runner.add_argument("--report-dir", type=Path, help="write report.json, junit.xml, report.md, report.html, and "
+                        "keep the target's trace in DIR/trace")
     runner.add_argument("--quiet", action="store_true", help="no progress bar")
     runner.add_argument("--record-reference", action="store_true",
                         help="with --target reference: record the verdicts CONFORMANCE.md shows")
     runner.set_defaults(func=run)
     brokers = sub.add_parser("broker", help="run the broker suite against a broker (the harness plays the daemons)")
     brokers.add_argument("--url", help="ws://127.0.0.1:PORT of a running broker (dev mode admits the harness)")
-    brokers.add_argument("--launch", help="launch template with {port} and {state_dir}; default: the reference "
-                         "broker on SQLite")
+    brokers.add_argument("--launch", help="launch template with {port}, {state_dir} and {trace_dir}; default: the "
+                         "reference broker on SQLite, traced")
     brokers.add_argument("--store-dsn", help="the broker's store (sqlite:///… or postgresql://…) for the inventory")
     brokers.add_argument("--mesh-id", default="meshconform")
     brokers.add_argument("--lease-s", type=float,

@@ -15,13 +15,18 @@ Rules of this file — the harness cannot crash or hang:
   harness: it is reported as a harness error (exit 2), never as the implementation's failure, and every requirement
   the node declares gets an ``error`` check (its checks did not all run, so none of them may read ``pass``).
 * A response outside spec/openapi.yaml is evidence against API-CONFORMS (an OpenAPI-shape requirement) only.
+* Every instance the harness launches gets its own ``{trace_dir}`` under the run's trace root (``--report-dir``'s
+  ``trace/``, emptied first, else a temporary directory removed at the end); once the run is over and every instance
+  has stopped, the traces are checked (traces.py) and the TRC verdicts join the report.
 """
 
 from __future__ import annotations
 
 import contextlib
 import random
+import shutil
 import signal
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -30,7 +35,7 @@ from typing import Any
 
 import pytest
 
-from . import registry
+from . import registry, traces
 from . import timing as timing_mod
 from .contract import ContractClient
 from .peer import ScriptedBroker
@@ -97,6 +102,22 @@ class RunState:
     target: Target | None = None
     verdicts: dict[str, Verdicts] = field(default_factory=dict)
     deadline_hit: int = 0
+    trace_source: traces.TraceSource | None = None
+    trace_verdicts: dict[str, Any] | None = None
+    trace_root_made: Path | None = None
+
+    @property
+    def trace_root(self) -> Path:
+        """Where the instances' ``{trace_dir}``s live: ``<report dir>/trace`` (emptied first), else a temporary
+        directory (removed after the check); made on first use."""
+        if self.trace_root_made is None:
+            if self.report_dir is not None:
+                self.trace_root_made = self.report_dir / "trace"
+                shutil.rmtree(self.trace_root_made, ignore_errors=True)
+                self.trace_root_made.mkdir(parents=True)
+            else:
+                self.trace_root_made = Path(tempfile.mkdtemp(prefix="meshconform-trace-"))
+        return self.trace_root_made
 
     @property
     def remaining_s(self) -> float:
@@ -228,7 +249,7 @@ def mesh_target(request: pytest.FixtureRequest) -> Iterator[Target]:
     try:
         overrides = timing_mod.parse_cli(config.getoption("--meshspec-timing"))
         target = Target(config.getoption("--meshspec-target"), template=config.getoption("--meshspec-launch"),
-                        token_file=Path(token) if token else None,
+                        token_file=Path(token) if token else None, trace_root=state.trace_root,
                         broker_listen=config.getoption("--meshspec-broker-listen"),
                         dialect=config.getoption("--meshspec-dialect"), timing_overrides=overrides)
         target.start()
@@ -238,6 +259,9 @@ def mesh_target(request: pytest.FixtureRequest) -> Iterator[Target]:
             target.close()
         pytest.exit(f"meshconform: {exc}", returncode=2)
     state.target = target
+    state.trace_source = traces.TraceSource(
+        handed=target.can_restart, silent=("broker", "the harness's scripted broker writes no trace"),
+        instances=target.trace_dirs)
     yield target
     target.close()
 
@@ -310,21 +334,27 @@ def rng(request: pytest.FixtureRequest) -> random.Random:
 @pytest.fixture(scope="session")
 def broker_target(request: pytest.FixtureRequest):
     """The broker under test (broker suite)."""
-    from .broker_target import REFERENCE_BROKER, BrokerTarget, BrokerTargetError
+    from .broker_target import REFERENCE_TRACED_BROKER, BrokerTarget, BrokerTargetError
 
     config = request.config
     launch = config.getoption("--meshspec-broker-launch")
     target = BrokerTarget(url=config.getoption("--meshspec-broker-url"),
-                          template=REFERENCE_BROKER if launch == "reference" else launch,
+                          template=REFERENCE_TRACED_BROKER if launch == "reference" else launch,
                           mesh_id=config.getoption("--meshspec-mesh-id"),
                           store_dsn=config.getoption("--meshspec-store-dsn"),
                           lease_s=config.getoption("--meshspec-lease-s"))
+    state = config.stash[STATE]
+    if target.can_restart:
+        target.trace_dir = state.trace_root / "broker"
     try:
         target.start()
     except BrokerTargetError as exc:
-        config.stash[STATE].harness_errors.append(str(exc))
+        state.harness_errors.append(str(exc))
         target.close()
         pytest.exit(f"meshconform: {exc}", returncode=2)
+    state.trace_source = traces.TraceSource(
+        handed=target.can_restart, silent=("daemon", "the harness's members write no trace"),
+        instances={"broker": target.trace_dir} if target.trace_dir is not None else {})
     yield target
     target.close()
 
@@ -447,6 +477,15 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     from .report import build_report, write_reports
 
     state = session.config.stash[STATE]
+    root = state.trace_root_made
+    kept = state.report_dir is not None
+    try:
+        state.trace_verdicts = traces.judge(state.trace_source, root, kept)
+    except Exception as exc:  # a fault of the trace check is the harness's, never the target's
+        state.harness_errors.append(f"the trace check failed: {describe(exc)}")
+        state.trace_verdicts = traces.not_judged(f"the trace check failed ({describe(exc)})", root, kept)
+    if root is not None and not kept:
+        shutil.rmtree(root, ignore_errors=True)
     report = build_report(state)
     session.config.stash[REPORT] = report
     if state.report_dir is not None:

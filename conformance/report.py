@@ -5,9 +5,10 @@ A requirement's verdict comes from the evidence recorded against it (plugin.py, 
 failed, ``error`` when the harness broke while checking it, else ``pass`` when any passed, else ``skip`` (with the
 reason), else ``not_checked``. Requirements are reported in two parts that never mix: **spec** (the spec's own
 MUST/SHOULD) and **profile** (meshspec's decisions where the spec is silent — an erratum E-nn — and the response shapes
-of spec/openapi.yaml). Every failed requirement cites what it violates. The run fails (exit 1) when a MUST fails —
-of either part, or of the spec part only with ``--spec-only`` — or a SHOULD with ``--strict``; a fault of the harness
-itself is exit 2.
+of spec/openapi.yaml). Every failed requirement cites what it violates. Beside them stand the TRC verdicts of the
+target's trace (traces.py: ``pass``, ``fail`` or ``not_judged``), each of the spec or the profile part by what it
+protects and counted with that part. The run fails (exit 1) when a MUST fails — of either part, or of the spec part
+only with ``--spec-only`` — or a SHOULD with ``--strict``; a fault of the harness itself is exit 2.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import spec as spec_pkg
 from . import registry
 
 VERDICT_ORDER = ("fail", "error", "pass", "skip")
+TRACE_VERDICTS = ("pass", "fail", "not_judged")
 
 
 @functools.cache
@@ -109,7 +111,10 @@ def build_report(state: Any) -> dict[str, Any]:
     case_rows = [{"id": r.id, "requirements": list(r.requirements), "outcome": r.outcome,
                   "duration_s": round(r.duration_s, 3), "detail": r.detail, "replay": _replay(state, r.id)}
                  for r in state.results.values()]
-    parts = {kind: _part([r for r in req_rows if r["kind"] == kind], state.strict) for kind in ("spec", "profile")}
+    traces = getattr(state, "trace_verdicts", None)
+    trace_rows = traces["invariants"] if traces else []
+    parts = {kind: _part([r for r in req_rows if r["kind"] == kind], [t for t in trace_rows if t["kind"] == kind],
+                         state.strict) for kind in ("spec", "profile")}
     counted = [parts["spec"]] if state.spec_only else [parts["spec"], parts["profile"]]
     must_failures = sum(p["must_failures"] for p in counted)
     should_failures = sum(p["should_failures"] for p in counted)
@@ -141,6 +146,8 @@ def build_report(state: Any) -> dict[str, Any]:
                        for d in state.deviations],
         "harness_errors": list(state.harness_errors),
     }
+    if traces is not None:
+        report["traces"] = traces
     launched = getattr(target, "launched", None)
     if launched is not None and launched.description.get("name"):
         report["target_name"] = str(launched.description.get("name"))
@@ -154,11 +161,12 @@ def _count(values: list[str], keys: tuple[str, ...]) -> dict[str, int]:
     return {k: sum(1 for v in values if v == k) for k in keys}
 
 
-def _part(rows: list[dict[str, Any]], strict: bool) -> dict[str, Any]:
-    must = sum(1 for r in rows if r["verdict"] in ("fail", "error") and r["level"] == "MUST")
-    should = sum(1 for r in rows if r["verdict"] in ("fail", "error") and r["level"] == "SHOULD")
+def _part(rows: list[dict[str, Any]], trace_rows: list[dict[str, Any]], strict: bool) -> dict[str, Any]:
+    must = sum(1 for r in rows + trace_rows if r["verdict"] in ("fail", "error") and r["level"] == "MUST")
+    should = sum(1 for r in rows + trace_rows if r["verdict"] in ("fail", "error") and r["level"] == "SHOULD")
     return {"verdict": "fail" if must or (strict and should) else "pass",
             "requirements": _count([r["verdict"] for r in rows], (*VERDICT_ORDER, "not_checked")),
+            "invariants": _count([r["verdict"] for r in trace_rows], TRACE_VERDICTS),
             "must_failures": must, "should_failures": should}
 
 
@@ -199,7 +207,32 @@ def junit_xml(report: dict[str, Any]) -> bytes:
                                         if e["outcome"] == row["verdict"])
             elif row["verdict"] == "skip":
                 ET.SubElement(element, "skipped", message=row["reason"][:300])
+    if "traces" in report:
+        rows = report["traces"]["invariants"]
+        suite = ET.SubElement(root, "testsuite", name="meshconform.traces", tests=str(len(rows)),
+                              failures=str(sum(r["verdict"] == "fail" for r in rows)), errors="0",
+                              skipped=str(sum(r["verdict"] == "not_judged" for r in rows)))
+        for row in rows:
+            element = ET.SubElement(suite, "testcase", classname=f"meshconform.traces.{row['kind']}.{row['level']}",
+                                    name=row["id"])
+            properties = ET.SubElement(element, "properties")
+            ET.SubElement(properties, "property", name="cite", value=row["cite"])
+            for requirement in row["protects"]:
+                ET.SubElement(properties, "property", name="protects", value=requirement)
+            if row["verdict"] == "fail":
+                node = ET.SubElement(element, "failure", message=row["reason"][:200])
+                node.text = "\n\n".join(_violation_text(e) for e in row["evidence"])
+            elif row["verdict"] == "not_judged":
+                ET.SubElement(element, "skipped", message=row["reason"][:300])
     return ET.tostring(root, encoding="utf-8", xml_declaration=True)
+
+
+def _violation_text(evidence: dict[str, Any]) -> str:
+    """One TRC violation: its key, where its event sits, the related event, the detail and the evidence lines."""
+    key = ", ".join(f"{k}={v}" for k, v in evidence["key"].items())
+    related = f" (related: {evidence['related']})" if evidence["related"] else ""
+    return (f"{key} at {evidence['where']}{related}: {evidence['detail']}; evidence: "
+            f"{', '.join(evidence['events']) or '—'}")
 
 
 def _md(text: str, limit: int = 200) -> str:
@@ -234,8 +267,22 @@ def markdown(report: dict[str, Any]) -> str:
             source = r["source"].removeprefix("errata:") if r["source"] != "spec" else f"§{r['section']}"
             lines.append(f"| `{r['id']}` | {r['level']} | {r['verdict']} | {source} | {_md(r['reason'], 160)} |")
         lines.append("")
+    traces = report.get("traces")
+    if traces is not None:
+        kept = f" Kept in `{traces['directory']}`." if traces["directory"] else ""
+        lines += ["## Trace checks", "",
+                  f"**{traces['verdict'].upper()}** — {_md(traces['reason'], 300)} ({traces['events']} events, "
+                  f"sources: {', '.join(traces['sources']) or '—'}).{kept} Each invariant stands in the spec or the "
+                  "profile part by what it protects.", "",
+                  "| Invariant | Part | Level | Verdict | Protects | Reason |", "|---|---|---|---|---|---|"]
+        for r in traces["invariants"]:
+            protects = ", ".join(r["protects"] + r["errata"]) or "—"
+            lines.append(f"| `{r['id']}` | {r['kind']} | {r['level']} | {r['verdict']} | {protects} | "
+                         f"{_md(r['reason'], 160)} |")
+        lines.append("")
     failed = [r for r in report["requirements"] if r["verdict"] in ("fail", "error")]
-    if failed:
+    failed_traces = [r for r in (traces or {}).get("invariants", []) if r["verdict"] == "fail"]
+    if failed or failed_traces:
         lines += ["## Failures", ""]
         for r in failed:
             lines += [f"### `{r['id']}` ({r['level']}, {r['kind']})", "", f"Violates: {r['cite']}", "",
@@ -245,6 +292,15 @@ def markdown(report: dict[str, Any]) -> str:
                     lines += [f"- `{e['case']}` — {_md(e['detail'], 600)}"]
             replays = sorted({c["replay"] for c in report["cases"] if c["id"] in r["cases"]})
             lines += ["", *[f"Replay: `{x}`" for x in replays[:3]], ""]
+        for r in failed_traces:
+            lines += [f"### `{r['id']}` ({r['level']}, {r['kind']}, trace)", "", f"Violates: {r['cite']}", "",
+                      f"Invariant: {r['title']}", ""]
+            if r["evidence"]:
+                lines += [f"{r['violations']} violation(s), the first {len(r['evidence'])}:", ""]
+                lines += [f"- {_md(_violation_text(e), 600)}" for e in r["evidence"]]
+            else:
+                lines.append(f"- {_md(r['reason'], 600)}")
+            lines.append("")
     if report["deviations"]:
         lines += ["## Responses outside spec/openapi.yaml (evidence for API-CONFORMS)", ""]
         lines += [f"- {d['method']} {d['path']} → {d['status']}: {_md(d['error'], 300)}" for d in report["deviations"]]
@@ -255,7 +311,7 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 _COLORS = {"pass": "#1a7f37", "passed": "#1a7f37", "fail": "#cf222e", "failed": "#cf222e", "error": "#8250df",
-           "skip": "#9a6700", "skipped": "#9a6700", "not_checked": "#57606a"}
+           "skip": "#9a6700", "skipped": "#9a6700", "not_checked": "#57606a", "not_judged": "#57606a"}
 
 
 def _badge(value: str) -> str:
@@ -288,6 +344,17 @@ def html_report(report: dict[str, Any]) -> str:
         f"<code class='r'>{e(c['replay'])}</code></td></tr>" for c in report["cases"])
     deviations = "".join(f"<li>{e(d['method'])} {e(d['path'])} → {d['status']}: {e(d['error'])}</li>"
                          for d in report["deviations"])
+    traces = report.get("traces")
+    trace_section = "" if traces is None else (
+        f"<h2>Trace checks</h2><p>{_badge(traces['verdict'])} {e(traces['reason'])} · {traces['events']} events"
+        + (f" · kept in <code>{e(traces['directory'])}</code>" if traces["directory"] else "") + "</p>"
+        "<table><tr><th>Invariant</th><th>Part / level</th><th>Verdict</th><th>Protects / violates</th>"
+        "<th>Reason</th></tr>" + "".join(
+            f"<tr><td><code>{e(r['id'])}</code><br><small>{e(r['title'])}</small></td>"
+            f"<td>{e(r['kind'])} {e(r['level'])}</td><td>{_badge(r['verdict'])}</td>"
+            f"<td>{e(', '.join(r['protects'] + r['errata']) or '—')}<br><small>{e(r['cite'])}</small></td>"
+            f"<td>{e(r['reason'][:300])}{_details(chr(10).join(_violation_text(x) for x in r['evidence']))}</td></tr>"
+            for r in traces["invariants"]) + "</table>")
     head = ("<tr><th>ID</th><th>Level</th><th>Verdict</th><th>Requirement / violates</th><th>Cases</th>"
             "<th>Reason</th></tr>")
     return f"""<!doctype html>
@@ -308,6 +375,7 @@ meshspec profile: {_badge(s['profile']['verdict'])} {e(json.dumps(s['profile']['
 Cases: {e(json.dumps(s['cases']))}</p>
 <h2>Spec conformance</h2><table>{head}{table('spec')}</table>
 <h2>meshspec profile (errata and OpenAPI shape)</h2><table>{head}{table('profile')}</table>
+{trace_section}
 <h2>Cases</h2><table><tr><th>Case</th><th>Outcome</th><th>s</th><th>Requirements</th><th>Detail / replay</th></tr>
 {cases}</table>
 {'<h2>Responses outside spec/openapi.yaml</h2><ul>' + deviations + '</ul>' if deviations else ''}

@@ -55,7 +55,7 @@ MAY_IMPORT: dict[str, tuple[str, ...]] = {
     "reference.daemon": ("spec", "reference.core", *SHARED, "reference.daemon"),
     "reference.broker": ("spec", "reference.core", *SHARED, "reference.broker"),
     "reference": ("spec", "reference"),  # reference/__init__.py and cli.py: meshd wires every part
-    "conformance": ("spec", "reference.core", "conformance"),
+    "conformance": ("spec", "reference.core", "spark_checks", "conformance"),  # the trace oracle judges run traces
     "spark_checks": ("spec", "reference.core", "spark_checks"),
 }
 BUILTINS = {"__import__": "builtins.__import__", "exec": "builtins.exec", "eval": "builtins.eval",
@@ -477,9 +477,9 @@ def test_the_checker_names_every_violation(tmp_path):
     assert violations(tmp_path) == [
         "conformance/cases.py:3: conformance.cases imports reference.core._private.x, private to reference.core",
         "conformance/cases.py:4: conformance.cases imports reference.daemon.app; conformance may import spec, "
-        "reference.core, conformance",
+        "reference.core, spark_checks, conformance",
         "conformance/plugin.py:1: conformance.plugin imports tests.core; conformance may import spec, "
-        "reference.core, conformance",
+        "reference.core, spark_checks, conformance",
         "reference/broker/server.py:1: reference.broker.server imports reference.daemon.app; reference.broker may "
         "import spec, reference.core, reference.clock, reference.trace, reference.state_dir, reference.sandbox, "
         "reference.broker",
@@ -595,7 +595,7 @@ def test_a_name_is_judged_through_the_import_that_bound_it_once(tmp_path):
     assert violations(tmp_path) == [
         "conformance/cases.py:2: conformance.cases imports reference.core._tables, private to reference.core",
         "conformance/cases.py:5: conformance.cases uses reference.daemon.store; conformance may import spec, "
-        "reference.core, conformance",
+        "reference.core, spark_checks, conformance",
         "spark_checks/oracle.py:2: spark_checks.oracle makes a dynamic import: __import__(name)",
     ]
 
