@@ -54,20 +54,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def reference_conformance_run(tmp_path_factory: pytest.TempPathFactory):
-    """ONE full `meshconform run` against the reference daemon, shared by the tests that read its report
-    (tests/conformance/test_harness.py) and its trace (tests/spark/test_conformance_traces.py). It is launched
-    through a template, as a user's implementation would be: the reference declares itself in the launch contract's
-    target description, so the run times and ages it exactly as `--target reference` does
-    (test_harness::test_the_reference_launched_by_a_template_declares_what_it_reads)."""
+    """ONE full `meshconform run` against the reference daemon, shared by the tests that read its report and its
+    TRC verdicts (tests/conformance/test_harness.py) and its trace (tests/spark/test_conformance_traces.py). It is
+    launched through a template, as a user's implementation would be: the reference declares itself in the launch
+    contract's target description, so the run times and ages it exactly as `--target reference` does
+    (test_harness::test_the_reference_launched_by_a_template_declares_what_it_reads), and it traces into the
+    `{trace_dir}` the harness hands each instance, which `--report-dir` keeps in `report/trace/<instance>/`."""
     import subprocess
     import sys
     from pathlib import Path
 
-    from conformance.launch import REFERENCE_TEMPLATE
+    from conformance.launch import REFERENCE_TRACED_TEMPLATE
 
     root = tmp_path_factory.mktemp("reference-conformance-run")
-    result = subprocess.run([sys.executable, "-m", "conformance.cli", "run", "--launch",
-                             f"{REFERENCE_TEMPLATE} --trace-dir {root / 'trace'}", "--report-dir",
-                             str(root / "report"), "--seed", "7", "--quiet"], capture_output=True, text=True,
-                            timeout=900, check=False, cwd=Path(__file__).resolve().parents[1])
-    return result, root / "report", root / "trace"
+    result = subprocess.run([sys.executable, "-m", "conformance.cli", "run", "--launch", REFERENCE_TRACED_TEMPLATE,
+                             "--report-dir", str(root / "report"), "--seed", "7", "--quiet"], capture_output=True,
+                            text=True, timeout=900, check=False, cwd=Path(__file__).resolve().parents[1])
+    return result, root / "report", root / "report" / "trace"

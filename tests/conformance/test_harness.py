@@ -13,6 +13,7 @@ import pytest
 from conformance import registry
 from conformance.launch import REFERENCE_TEMPLATE, Launched
 from conformance.peer import ScriptedBroker
+from spark_checks.catalogue import CATALOGUE
 from spec import SPEC_DIR, load_yaml, validator
 
 REPO = SPEC_DIR.parent
@@ -43,20 +44,44 @@ def test_reference_passes_every_must(full_run):
     assert report["summary"]["spec"]["verdict"] == report["summary"]["profile"]["verdict"] == "pass"
 
 
+def test_the_reference_trace_passes_every_applicable_invariant(full_run):
+    """Every instance the run launched traced into its {trace_dir}; the oracle passes every invariant the daemon
+    suite's trace can exercise, and the broker-relating ones are not judged (the scripted broker writes no trace)."""
+    _, reports = full_run
+    report = json.loads((reports / "report.json").read_text())
+    section = report["traces"]
+    assert section["verdict"] == "pass" and section["sources"] == ["daemon"]
+    assert section["invalid"] == {"count": 0, "lines": []} and section["directory"] == str(reports / "trace")
+    assert "main" in section["instances"]
+    assert sorted(section["instances"]) == sorted(p.name for p in (reports / "trace").iterdir() if p.is_dir()
+                                                  and any(f.stat().st_size for f in p.glob("*.jsonl")))
+    verdicts = {row["id"]: (row["verdict"], row["reason"]) for row in section["invariants"]}
+    assert verdicts.pop("TRC-INPUT-VALID")[0] == "pass"
+    assert verdicts == {
+        inv.id: ("not_judged", "not judged: the trace has no broker events (the harness's scripted broker writes "
+                               "no trace)") if "broker" in inv.needs else ("pass", verdicts[inv.id][1])
+        for inv in CATALOGUE}
+    counted = {kind: sum(row["kind"] == kind and row["verdict"] == "pass" for row in section["invariants"])
+               for kind in ("spec", "profile")}
+    assert {kind: report["summary"][kind]["invariants"]["pass"] for kind in counted} == counted
+
+
 def test_reports_are_well_formed(full_run):
     _, reports = full_run
     suites = ET.parse(reports / "junit.xml").getroot()
     assert suites.tag == "testsuites"
-    assert [s.get("name") for s in suites] == ["meshconform.spec", "meshconform.profile"]
-    cases = [c for s in suites for c in s.iter("testcase")]
+    assert [s.get("name") for s in suites] == ["meshconform.spec", "meshconform.profile", "meshconform.traces"]
+    cases = [c for s in suites[:2] for c in s.iter("testcase")]
     checked = [r for r in json.loads((reports / "report.json").read_text())["requirements"]
                if r["verdict"] != "not_checked"]
     assert len(cases) == len(checked)
+    assert [c.get("name") for c in suites[2].iter("testcase")] == ["TRC-INPUT-VALID", *(i.id for i in CATALOGUE)]
     assert all(c.find("properties") is not None for c in cases)
     page = (reports / "report.html").read_text()
     assert page.startswith("<!doctype html>") and "<script" not in page
     assert "src=" not in page and "href=" not in page, "the HTML report must be one self-contained file"
     assert "| Requirement | Level | Verdict |" in (reports / "report.md").read_text()
+    assert "| Invariant | Part | Level | Verdict | Protects | Reason |" in (reports / "report.md").read_text()
 
 
 def test_every_registered_case_ran(full_run):
