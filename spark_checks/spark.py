@@ -3,8 +3,9 @@
 Run it as ``meshtrace check PATH [--master …]``, ``python -m spark_checks.spark PATH …`` or
 ``spark-submit spark_checks/spark.py PATH …`` (the same module; see spark_checks/README.md for cluster use).
 
-Theory of operation. Everything is DataFrame operations -- no Python UDFs -- so executors need no Python code and the
-plan is the same on two local cores or a cluster.
+Theory of operation. Everything is DataFrame operations -- no Python UDFs, and the few tables the driver builds go
+to Spark as Arrow (`local_frame`) -- so executors never start Python and the plan is the same on two local cores or a
+cluster.
 
 1. One small pre-job (an aggregation with two grouping sets) learns each node's last ts, whether its ``seq - line``
    is constant, which meshes have broker events, which sources are present, and -- from a sample -- which (node,
@@ -75,6 +76,18 @@ def spark_schema():
     return T.StructType([T.StructField(f.name, mapping[str(f.type)], True) for f in fmt.FLAT_SCHEMA])
 
 
+def local_frame(spark: Any, rows: list[tuple[Any, ...]] | list[list[Any]], columns: str):
+    """A DataFrame of driver-side ``rows`` (``columns``: ``"name type, ..."`` with types int, long, string, boolean),
+    handed to Spark as an Arrow table: ``createDataFrame`` of Python rows pickles them, and executors would need
+    Python workers to read them back."""
+    import pyarrow as pa
+
+    types = {"int": pa.int32(), "long": pa.int64(), "string": pa.string(), "boolean": pa.bool_()}
+    fields = [column.split() for column in columns.split(",")]
+    return spark.createDataFrame(pa.table({name: pa.array([row[k] for row in rows], types[kind])
+                                           for k, (name, kind) in enumerate(fields)}))
+
+
 def legal_transitions(tables: Tables) -> dict[str, int]:
     """``"from|event|to|table_row"`` -> attempts increment, for every transition the outbox table allows."""
     from reference.core import outbox
@@ -143,7 +156,7 @@ class SparkChecker:
         stats = self._stats(ev)
         self._mark("stats", started)
         names = stats["nodes"]
-        self.node_ids = self.spark.createDataFrame(list(enumerate(names)), "ni int, node string")
+        self.node_ids = local_frame(self.spark, list(enumerate(names)), "ni int, node string")
         ev = ev.join(F.broadcast(self.node_ids), "node")
         candidates = self._candidates(ev, stats)
         first = F.min(F.struct("o", "r", "e_pk", "e_line", "r_pk", "r_line", "mode", "detail")).alias("first")
@@ -323,7 +336,7 @@ class SparkChecker:
             hashed("outbox_id").alias("oid"), hashed("request_fingerprint").alias("fp"),
             F.col("attempts").cast("long").alias("att"), packed.alias("bits"))
         if heavy:
-            marks = (self.spark.createDataFrame(heavy, "node string, cmid string").join(self.node_ids, "node")
+            marks = (local_frame(self.spark, heavy, "node string, cmid string").join(self.node_ids, "node")
                      .select("ni", F.xxhash64("cmid").alias("c1"), F.hash("cmid").alias("c2"),
                              F.lit(True).alias("heavy")))
             rows = rows.join(F.broadcast(marks), ["ni", "c1", "c2"], "left")
@@ -494,7 +507,7 @@ class SparkChecker:
             *last("delivery", "last"),
             F.max_by("lease_until_ms", F.when(F.col("delivery"), F.col("pk"))).alias("last_lease"),
             *first("ack")).filter(F.col("last_pk").isNotNull())
-        ends = self.spark.createDataFrame(sorted(stats["node_end"].items()), "node string, end long").join(
+        ends = local_frame(self.spark, sorted(stats["node_end"].items()), "node string, end long").join(
             self.node_ids, "node").select(F.col("ni").alias("end_ni"), "end")
         deliveries = deliveries.join(F.broadcast(ends), F.shiftright(F.col("last_pk"), SEQ_BITS) == F.col("end_ni"),
                                      "left")
@@ -581,7 +594,7 @@ class SparkChecker:
         spark = self.spark
         refs = {(r["e_node"], r["e_line"]) for r in rows} | {(r["r_node"], r["r_line"]) for r in rows
                                                              if r["r_node"] is not None}
-        wanted = spark.createDataFrame(sorted(refs), "node string, line long")
+        wanted = local_frame(spark, sorted(refs), "node string, line long")
         fetched = {(row["node"], row["line"]): row.asDict() for row in
                    ev.join(F.broadcast(wanted), ["node", "line"]).select(*fmt.COLUMNS).collect()}
         keep = self.evidence_events - 1
@@ -607,8 +620,8 @@ class SparkChecker:
                     .filter((F.col("up") == 1) | (F.col("down") <= keep)).drop("up", "down").collect())
 
         if row_subjects:
-            subjects = spark.createDataFrame(row_subjects, "vid int, s_node string, s_cmid string, s_oid string, "
-                                                           "s_ipc boolean, s_seq long, s_line long")
+            subjects = local_frame(spark, row_subjects, "vid int, s_node string, s_cmid string, s_oid string, "
+                                                    "s_ipc boolean, s_seq long, s_line long")
             joined = ev.filter(F.col("kind").isin(OT, IPC)).join(
                 F.broadcast(subjects), (F.col("node") == F.col("s_node"))
                 & (F.col("client_message_id") == F.col("s_cmid"))).filter(
@@ -618,8 +631,8 @@ class SparkChecker:
             for row in trimmed(joined.select("vid", *fmt.COLUMNS)):
                 prefixes[row["vid"]].append(row.asDict())
         if delivery_subjects:
-            subjects = spark.createDataFrame(delivery_subjects, "vid int, s_mesh string, s_did string, "
-                                                                "s_node string, s_seq long, s_line long")
+            subjects = local_frame(spark, delivery_subjects, "vid int, s_mesh string, s_did string, "
+                                                         "s_node string, s_seq long, s_line long")
             joined = ev.filter(F.col("kind").isin("delivery", "delivery_ack")).join(
                 F.broadcast(subjects), (F.col("mesh") == F.col("s_mesh"))
                 & (F.col("delivery_id") == F.col("s_did"))).filter(
