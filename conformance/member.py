@@ -286,8 +286,23 @@ class Member:
             return "open"
         return code if code is not None else "no code"
 
+    def settle(self, quiet_s: float = 0.1, limit_s: float = 2.0) -> None:
+        """Take in the frames already on their way: read until none has come for ``quiet_s`` (at most ``limit_s``), so
+        a push the broker sent just before the close is seen (and acknowledged) too."""
+        self.start_reading()
+        deadline = time.monotonic() + limit_s
+        with self._lock:
+            seen = len(self.frames)
+            while not self._ended and time.monotonic() < deadline:
+                self._lock.wait(quiet_s)
+                if len(self.frames) == seen:
+                    return
+                seen = len(self.frames)
+
     def close(self) -> None:
         if self.ws is not None and self.ack_on_close and not self._ended:
+            if self.hello_ack is not None:
+                self.settle()
             self.ack_everything()
         if self.ws is not None:
             with contextlib.suppress(OSError, websocket.WebSocketException):

@@ -166,6 +166,13 @@ def test_broker_suite_against_the_reference_broker_on_sqlite(tmp_path):
     assert {"BRK-HELLO-AUTH", "BRK-ADVERTISE", "BRK-ATOMIC", "BRK-CONCURRENT-ONE-MESSAGE", "BRK-B1-NO-WRITE",
             "BRK-B2-ROLLBACK", "BRK-REDELIVER"} <= passed
     assert {c["id"] for c in report["cases"]} == {c.id for c in registry.cases(registry.BROKER_CASES_DIR)}
+    section = report["traces"]
+    assert section["verdict"] == "pass" and section["instances"] == ["broker"] and section["sources"] == ["broker"]
+    verdicts = {row["id"]: (row["verdict"], row["reason"]) for row in section["invariants"]}
+    assert verdicts.pop("TRC-INPUT-VALID")[0] == "pass"
+    assert verdicts == {
+        inv.id: ("not_judged", "not judged: the trace has no daemon events (the harness's members write no trace)")
+        if "daemon" in inv.needs else ("pass", verdicts[inv.id][1]) for inv in CATALOGUE}
 
 
 @pytest.mark.postgres
