@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
+from detail_cases import hand_made
 from trace_testkit import expected, found, nodes_of, same_answers, skewed_trace
 
 from spark_checks import oracle
@@ -59,6 +60,17 @@ def test_violations_deep_inside_skewed_subjects_are_found_across_chunks(spark, t
     report = SparkChecker(spark, chunk=32, limit=None).check(dataset)
     assert report.settings["heavy_subjects"] == 2
     assert {(v.invariant, v.key) for v in report.violations} == want
+    assert same_answers(report, oracle.check(dataset)) == []
+
+
+def test_spark_reports_the_oracles_details_and_evidence_for_hand_made_violations(spark, tmp_path: Path):
+    from spark_checks import format as fmt
+
+    jsonl, want = hand_made(tmp_path)
+    dataset = tmp_path / "parquet"
+    fmt.convert_jsonl([jsonl], dataset)
+    report = SparkChecker(spark, limit=None).check(dataset)
+    assert {(v.invariant, v.key): v.detail for v in report.violations} == want
     assert same_answers(report, oracle.check(dataset)) == []
 
 

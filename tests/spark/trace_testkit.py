@@ -124,12 +124,18 @@ def skewed_trace(root: Path) -> tuple[Path, set[tuple[str, tuple[tuple[str, str]
 
 
 def same_answers(left: Report, right: Report) -> list[str]:
-    """Differences between two reports' violations (identity and evidence), as readable lines."""
+    """Differences between two reports' violations -- identity, detail text and evidence (locations and events) --
+    as readable lines."""
     problems = [f"only in {left.engine}: {v}" for v in sorted(left.identities() - right.identities(), key=str)]
     problems += [f"only in {right.engine}: {v}" for v in sorted(right.identities() - left.identities(), key=str)]
-    evidence = {v.identity: v.evidence for v in right.violations}
+    by_identity = {v.identity: v for v in right.violations}
     for violation in left.violations:
-        theirs = evidence.get(violation.identity)
-        if theirs is not None and theirs != violation.evidence:
+        theirs = by_identity.get(violation.identity)
+        if theirs is None:
+            continue
+        if theirs.detail != violation.detail:
+            problems.append(f"detail differs for {violation.identity}: {left.engine} {violation.detail!r}, "
+                            f"{right.engine} {theirs.detail!r}")
+        if theirs.evidence != violation.evidence:
             problems.append(f"evidence differs for {violation.identity}")
     return problems
