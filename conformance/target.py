@@ -13,6 +13,10 @@ Whether the implementation is *linked* to the scripted broker is decided from th
 hello answered with ``hello_ack``), never from a health member the spec does not define. A launched implementation
 that never links is not a harness error: the cases that need the link fail, naming what the peer saw.
 
+Traces. With a ``trace_root`` every instance ``launch`` starts gets its own ``{trace_dir}`` under it (``trace_dirs``:
+``main``, or the case's name, ``-2`` … when a name comes again), kept across that instance's restarts; the plugin
+checks them after the run (traces.py).
+
 Fixed ports. An implementation whose TCP port does not follow ``{port}`` (it says ``fixed_port`` in its target
 description) cannot run two instances side by side, so ``launch`` stops the main instance while a fresh one runs and
 ``release_fresh`` restarts it afterwards (same state directory: a restart, not a new instance); a case's earlier
