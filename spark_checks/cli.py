@@ -1,10 +1,14 @@
 """`meshtrace`: trace tools.
 
-* ``meshtrace validate FILE...`` checks JSONL trace files against spec/schemas/trace;
+* ``meshtrace validate PATH...`` validates a trace (JSONL or Parquet) as ``check`` does (spark_checks/validity.py);
 * ``meshtrace generate --events N --daemons D ... --out DIR`` writes a generated trace (Parquet) with a manifest;
 * ``meshtrace check PATH... [--master URL] [--report FILE]`` runs the invariant catalogue (Spark by default; the
-  single-process oracle or DuckDB with ``--engine``) and exits 1 when anything is violated;
-* ``meshtrace convert`` turns JSONL into the Parquet layout and back; ``meshtrace catalogue`` prints the catalogue.
+  single-process oracle or DuckDB with ``--engine``) over the valid events;
+* ``meshtrace convert`` turns JSONL into the Parquet layout and back, refusing invalid input unless tolerated;
+  ``meshtrace catalogue`` prints the catalogue.
+
+Exit codes (check, validate, convert): 0 clean, 1 violations (check), 2 invalid input -- unless ``--tolerate`` covers
+it -- or a usage error (a missing path, no trace files, no valid events, unreadable or mistyped Parquet).
 """
 
 from __future__ import annotations
@@ -12,39 +16,38 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 from pathlib import Path
 
-from spec import validator
+#: what --tolerate accepts: the reasons each level lets through (None: every reason)
+TOLERATE = {"torn-tail": frozenset({"torn_tail"}), "invalid": None}
 
 
-def validate_files(paths: list[Path], limit: int = 20) -> tuple[int, list[str]]:
-    """Validate every line of every file; returns (lines read, problems) with at most ``limit`` problems listed."""
-    check = validator("trace/event")
-    lines = 0
-    problems: list[str] = []
-    last_seq: dict[tuple[str, str], int] = {}
-    for path in paths:
-        with path.open(encoding="utf-8") as handle:
-            for number, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                lines += 1
-                where = f"{path}:{number}"
-                try:
-                    event = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    problems.append(f"{where}: not JSON: {exc.msg}")
-                    continue
-                errors = sorted(check.iter_errors(event), key=lambda e: e.path)
-                if errors:
-                    problems.append(f"{where}: {errors[0].message}")
-                    continue
-                key = (event["source"], event["node"])
-                if key in last_seq and event["seq"] <= last_seq[key]:
-                    problems.append(f"{where}: seq {event['seq']} does not increase after {last_seq[key]} for {key}")
-                last_seq[key] = event["seq"]
-    return lines, problems[:limit] + ([f"... and {len(problems) - limit} more"] if len(problems) > limit else [])
+def validate_files(paths: list[Path] | list[str], limit: int = 20) -> tuple[int, list[str]]:
+    """Validate a trace (JSONL files or directories, or a Parquet dataset) as ``check`` does, with the oracle's
+    reading; returns (valid events, problems) with at most ``limit`` problems listed, each ``where: reason: message``.
+    Raises ``inputs.InputError`` when there is nothing to validate."""
+    from .oracle import validate
+
+    events, invalid, reasons = validate(paths)
+    count = sum(reasons.values())
+    problems = [f"{e['where']}: {e['reason']}: {e['message']}" for e in invalid[:limit]]
+    if count > len(problems):
+        problems.append(f"... and {count - len(problems)} more")
+    return events, problems
+
+
+TOLERATE_HELP = ("accept known-dirty input: torn-tail = a last line without its newline that is not JSON (a writer "
+                 "killed mid-line); invalid = every invalid event (left out of the check, still reported)")
+
+
+def tolerated(reasons: dict[str, int], level: str | None) -> bool:
+    """Whether ``--tolerate level`` lets every invalid event (counts by reason) through."""
+    if not reasons:
+        return True
+    if level is None:
+        return False
+    allowed = TOLERATE[level]
+    return allowed is None or set(reasons) <= allowed
 
 
 def _count(text: str) -> int:
@@ -61,8 +64,9 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="meshtrace", description="meshspec trace tools")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    validate = sub.add_parser("validate", help="validate JSONL trace files against spec/schemas/trace")
-    validate.add_argument("files", nargs="+", type=Path)
+    validate = sub.add_parser("validate", help="validate a trace (JSONL or Parquet) against spec/schemas/trace")
+    validate.add_argument("paths", nargs="+", help="JSONL files, directories of them, or a Parquet dataset")
+    validate.add_argument("--tolerate", choices=tuple(TOLERATE), help=TOLERATE_HELP)
 
     generate = sub.add_parser("generate", help="simulate daemons and brokers on the core; write a Parquet trace")
     generate.add_argument("--events", type=_count, required=True, help="events to write (e.g. 20k, 10M)")
@@ -86,7 +90,8 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("--out", type=Path, required=True)
 
     check = sub.add_parser("check", help="check the invariant catalogue over a trace (Parquet or JSONL)")
-    check.add_argument("paths", nargs="+", type=Path, help="trace directories, Parquet datasets or JSONL files")
+    check.add_argument("paths", nargs="+", help="trace directories, Parquet datasets or JSONL files (paths or URIs: "
+                                                "file://, and with Spark any Hadoop filesystem: s3a://, hdfs://, …)")
     check.add_argument("--engine", choices=("spark", "oracle", "duckdb"), default="spark")
     check.add_argument("--master", default="local[*]", help="Spark master URL (local[*], spark://host:7077, …)")
     check.add_argument("--driver-memory", default=None, help="driver heap of a local Spark session (default 6g)")
@@ -96,14 +101,16 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--driver-bind-address", default=None,
                        help="Spark: the address this driver listens on (spark.driver.bindAddress; default: the driver "
                             "host)")
-    check.add_argument("--report", type=Path, help="write the JSON report here")
+    check.add_argument("--report", help="write the JSON report here (a path or URI; Spark writes Hadoop URIs)")
+    check.add_argument("--tolerate", choices=tuple(TOLERATE), help=TOLERATE_HELP)
     check.add_argument("--limit", type=int, default=100, help="violations listed per invariant")
     check.add_argument("--chunk", type=int, default=None, help="Spark: events per window chunk of a heavy subject")
     check.add_argument("--redelivery-grace-ms", type=int, default=DEFAULT_REDELIVERY_GRACE_MS)
 
     convert = sub.add_parser("convert", help="JSONL trace files -> Parquet dataset, or a dataset -> JSONL")
-    convert.add_argument("paths", nargs="+", type=Path)
+    convert.add_argument("paths", nargs="+")
     convert.add_argument("--to", choices=("parquet", "jsonl"), default="parquet")
+    convert.add_argument("--tolerate", choices=tuple(TOLERATE), help=TOLERATE_HELP)
     convert.add_argument("--buckets", type=int, default=DEFAULT_BUCKETS)
     convert.add_argument("--out", type=Path, required=True)
 
@@ -114,11 +121,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     if args.command == "validate":
-        lines, problems = validate_files(args.files)
-        for problem in problems:
-            print(problem)
-        print(f"{lines} events, {'OK' if not problems else 'INVALID'}")
-        return 1 if problems else 0
+        return _validate(args)
     if args.command == "generate":
         return _generate(args)
     if args.command == "check":
@@ -158,50 +161,78 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from . import format as fmt
+    from .inputs import InputError
 
-    paths: list[Path] = args.paths
-    if _missing("check", paths):
+    try:
+        report, write = _run_check(args)
+        document = report.as_dict()
+        if args.report:
+            write(args.report, json.dumps(document, indent=2, default=str) + "\n")
+    except InputError as exc:
+        print(f"meshtrace check: {exc}", file=sys.stderr)
         return 2
-    with tempfile.TemporaryDirectory(prefix="meshtrace-") as scratch:
-        skipped: list[str] = []
-        if args.engine != "oracle" and fmt.is_jsonl(paths):
-            root = Path(scratch) / "events"
-            _, skipped = fmt.convert_jsonl(paths, root)
-            paths = [root]
-        if args.engine == "spark":
-            from .session import DriverUnreachable, build_session
-            from .spark import DEFAULT_CHUNK, SparkChecker
-
-            try:
-                spark = build_session(args.master, driver_memory=args.driver_memory, driver_host=args.driver_host,
-                                      driver_bind_address=args.driver_bind_address)
-            except DriverUnreachable as exc:
-                print(f"meshtrace check: {exc}", file=sys.stderr)
-                return 2
-            report = SparkChecker(spark, chunk=args.chunk or DEFAULT_CHUNK,
-                                  redelivery_grace_ms=args.redelivery_grace_ms, limit=args.limit).check(paths)
-        elif args.engine == "duckdb":
-            from .duck import check as duck_check
-
-            report = duck_check(paths, redelivery_grace_ms=args.redelivery_grace_ms)
-        else:
-            from .oracle import Oracle
-
-            report = Oracle(redelivery_grace_ms=args.redelivery_grace_ms).check(paths)
-        if skipped and not report.invalid:
-            report.invalid = [{"where": item.rsplit(": ", 1)[0], "reason": "not_json",
-                               "message": item.rsplit(": ", 1)[1]} for item in skipped]
-            report.invalid_count = len(skipped)
-    document = report.as_dict()
-    if args.report:
-        args.report.parent.mkdir(parents=True, exist_ok=True)
-        args.report.write_text(json.dumps(document, indent=2, default=str) + "\n")
     _print_report(document)
-    if not report.events:  # nothing checked is not a pass
-        print(f"meshtrace check: no trace events found in {', '.join(map(str, args.paths))}", file=sys.stderr)
+    return _verdict("check", report.events, report.invalid_reasons, args.tolerate, ", ".join(args.paths),
+                    1 if report.violations else 0)
+
+
+def _run_check(args: argparse.Namespace):
+    """The engine's report and a function writing a text to a path or URI (Hadoop's filesystems for Spark)."""
+    from .inputs import write_local
+
+    if args.engine == "spark":
+        from .inputs import InputError, write_hadoop
+        from .session import DriverUnreachable, build_session
+        from .spark import DEFAULT_CHUNK, SparkChecker
+
+        try:
+            spark = build_session(args.master, driver_memory=args.driver_memory, driver_host=args.driver_host,
+                                  driver_bind_address=args.driver_bind_address)
+        except DriverUnreachable as exc:
+            raise InputError(str(exc)) from None
+        report = SparkChecker(spark, chunk=args.chunk or DEFAULT_CHUNK, redelivery_grace_ms=args.redelivery_grace_ms,
+                              limit=args.limit).check(args.paths)
+        return report, lambda target, text: write_hadoop(spark, target, text)
+    if args.engine == "duckdb":
+        from .duck import check as duck_check
+
+        return duck_check(args.paths, redelivery_grace_ms=args.redelivery_grace_ms), write_local
+    from .oracle import Oracle
+
+    return Oracle(redelivery_grace_ms=args.redelivery_grace_ms).check(args.paths), write_local
+
+
+def _verdict(command: str, events: int, reasons: dict[str, int], tolerate: str | None, where: str, otherwise: int
+             ) -> int:
+    """Exit 2 for invalid input ``--tolerate`` does not cover or for no valid events, else ``otherwise``."""
+    count = sum(reasons.values())
+    if not tolerated(reasons, tolerate):
+        shown = ", ".join(f"{n} {reason}" for reason, n in sorted(reasons.items()))
+        print(f"meshtrace {command}: {count} invalid event(s) ({shown}); see spark_checks/README.md, "
+              "'Input validity' (--tolerate torn-tail | invalid for known-dirty traces)", file=sys.stderr)
         return 2
-    return 1 if report.violations else 0
+    if not events:
+        print(f"meshtrace {command}: no valid trace events in {where}", file=sys.stderr)
+        return 2
+    return otherwise
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from .inputs import InputError
+    from .oracle import validate
+
+    try:
+        events, invalid, reasons = validate(args.paths)
+    except InputError as exc:
+        print(f"meshtrace validate: {exc}", file=sys.stderr)
+        return 2
+    for entry in invalid:
+        print(f"{entry['where']}: {entry['reason']}: {entry['message']}")
+    count = sum(reasons.values())
+    if count > len(invalid):
+        print(f"... and {count - len(invalid)} more")
+    print(f"{events} valid events, {count} invalid")
+    return _verdict("validate", events, reasons, args.tolerate, ", ".join(args.paths), 0)
 
 
 def _print_report(document: dict) -> None:
@@ -254,25 +285,40 @@ def evidence_lines(violation: dict) -> list[str]:
     return lines
 
 
-def _missing(command: str, paths: list[Path]) -> bool:
-    """Say so and return True when a path does not exist."""
-    missing = [str(path) for path in paths if not path.exists()]
-    if missing:
-        print(f"meshtrace {command}: no such file or directory: {', '.join(missing)}", file=sys.stderr)
-    return bool(missing)
-
-
 def _convert(args: argparse.Namespace) -> int:
     from . import format as fmt
+    from .inputs import InputError, LocalFS, check_local_parquet, locate
 
-    if _missing("convert", args.paths):
+    try:
+        trace = locate(args.paths, LocalFS("convert"))
+        check_local_parquet(trace.parquet_files)
+        out = Path(LocalFS("convert").path(str(args.out)))
+        if args.to == "parquet":
+            if not trace.is_jsonl:
+                raise InputError(f"{', '.join(args.paths)}: not JSONL (use --to jsonl for a Parquet dataset)")
+            read = fmt.read_jsonl(trace.jsonl)
+            events, invalid, reasons = len(read.rows), read.invalid, read.reasons
+        else:
+            if trace.is_jsonl:
+                raise InputError(f"{', '.join(args.paths)}: not a Parquet dataset (use --to parquet for JSONL)")
+            table = fmt.read_files(trace.parquet_files)
+            valid, listed, reasons = fmt.validate_table(table)
+            events, invalid = valid.num_rows, [entry for _, entry in listed]
+    except InputError as exc:
+        print(f"meshtrace convert: {exc}", file=sys.stderr)
         return 2
+    for entry in invalid[:20]:
+        print(f"{entry['where']}: {entry['reason']}: {entry['message']}", file=sys.stderr)
+    code = _verdict("convert", events, reasons, args.tolerate, ", ".join(args.paths), 0)
+    if code:
+        print("meshtrace convert: nothing written", file=sys.stderr)
+        return code
     if args.to == "parquet":
-        events, skipped = fmt.convert_jsonl(args.paths, args.out, args.buckets)
-        print(f"{events} events -> {args.out}" + (f" ({len(skipped)} unparsable lines skipped)" if skipped else ""))
+        fmt.write_dataset(fmt.rows_to_table(read.rows), out, args.buckets)
     else:
-        events = sum(fmt.write_jsonl(path, args.out) for path in args.paths)
-        print(f"{events} events -> {args.out}")
+        fmt.write_jsonl_table(valid, out)
+    skipped = sum(reasons.values())
+    print(f"{events} events -> {out}" + (f" ({skipped} invalid left out)" if skipped else ""))
     return 0
 
 

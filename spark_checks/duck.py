@@ -20,7 +20,6 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from . import format as fmt
 from .catalogue import (
     BY_ID,
     DEFAULT_EVIDENCE_EVENTS,
@@ -203,14 +202,17 @@ FROM candidates GROUP BY invariant, k
 """
 
 
-def check(paths: Path | list[Path], threads: int | None = None, memory_limit: str | None = None,
+def check(paths: str | Path | list[str] | list[Path], threads: int | None = None, memory_limit: str | None = None,
           redelivery_grace_ms: int = DEFAULT_REDELIVERY_GRACE_MS,
           evidence_events: int = DEFAULT_EVIDENCE_EVENTS) -> Report:
-    """Run the catalogue with DuckDB over a Parquet trace; returns the violations with their evidence."""
+    """Run the catalogue with DuckDB over the valid events of a trace (JSONL or Parquet, validated in SQL by
+    ``_duck_input``); returns the violations with their evidence. Raises ``inputs.InputError`` for unusable input."""
     import duckdb
 
+    from ._duck_input import load
+
     started = time.monotonic()
-    paths = [paths] if isinstance(paths, Path) else list(paths)
+    paths = [str(p) for p in ([paths] if isinstance(paths, str | Path) else paths)]
     con = duckdb.connect()
     # Spill under the system temp directory, never into the working directory (DuckDB's default ``.tmp``).
     spill = Path(tempfile.gettempdir()) / f"meshtrace-duckdb-{os.getpid()}"
@@ -221,9 +223,12 @@ def check(paths: Path | list[Path], threads: int | None = None, memory_limit: st
         con.execute(f"SET memory_limit = {_literal(memory_limit)}")
     con.execute("SET preserve_insertion_order = false")
     con.execute("SET enable_progress_bar = false")
-    files = ", ".join(_literal(str(fmt.dataset_path(p)) + "/**/*.parquet") for p in paths)
-    columns = ", ".join(fmt.COLUMNS)
-    con.execute(f"CREATE VIEW ev AS SELECT {columns} FROM read_parquet([{files}], hive_partitioning = false)")
+    try:
+        loaded = load(con, paths)
+    except BaseException:
+        con.close()
+        shutil.rmtree(spill, ignore_errors=True)
+        raise
     from .spark import STATES, ipc_answers, legal_transitions
 
     tables = Tables()
@@ -250,9 +255,11 @@ def check(paths: Path | list[Path], threads: int | None = None, memory_limit: st
         if source == "broker" and mesh is not None:
             broker_meshes.add(mesh)
     con.execute("CREATE TEMP TABLE node_end (node VARCHAR, last_ts BIGINT)")
-    con.executemany("INSERT INTO node_end VALUES (?, ?)", sorted(node_end.items()))
+    if node_end:  # DuckDB refuses an empty executemany; a trace may have no valid events or no broker
+        con.executemany("INSERT INTO node_end VALUES (?, ?)", sorted(node_end.items()))
     con.execute("CREATE TEMP TABLE broker_meshes (mesh VARCHAR)")
-    con.executemany("INSERT INTO broker_meshes VALUES (?)", [(m,) for m in sorted(broker_meshes)])
+    if broker_meshes:
+        con.executemany("INSERT INTO broker_meshes VALUES (?)", [(m,) for m in sorted(broker_meshes)])
     suspects = sorted(node for node, (low, high) in spread.items() if low != high)
     found = [(invariant_id, *first) for invariant_id, _, first in
              con.execute(_candidates_sql(redelivery_grace_ms, suspects)).fetchall()]
@@ -261,7 +268,8 @@ def check(paths: Path | list[Path], threads: int | None = None, memory_limit: st
     con.close()
     shutil.rmtree(spill, ignore_errors=True)
     return Report("duckdb", ", ".join(map(str, paths)), events, sorted(sources), time.monotonic() - started,
-                  sort_violations(violations), counts, [], {"redelivery_grace_ms": redelivery_grace_ms})
+                  sort_violations(violations), counts, loaded.invalid, {"redelivery_grace_ms": redelivery_grace_ms},
+                  sum(loaded.reasons.values()), loaded.reasons)
 
 
 #: the prefix invariants whose evidence is one outbox row's transitions (the others take the whole subject's)

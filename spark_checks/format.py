@@ -8,7 +8,8 @@ Mapping (documented in spark_checks/README.md):
   sse_event. A member a kind does not have is null; a JSON null is null.
 * ``request_fingerprint`` is 64 lowercase hex characters in JSON and 32 raw bytes (fixed_size_binary(32)) in Parquet.
 * ``line`` exists only in Parquet: the event's 0-based position in its node's JSONL stream (the node's files in path
-  order, blank and unparsable lines not counted). The generator writes ``line == seq`` unless it injects a seq fault.
+  order, invalid lines (``spark_checks.validity``) not counted). The generator writes ``line == seq`` unless it
+  injects a seq fault.
 * Datasets are Hive-partitioned by ``bucket`` (``<root>/bucket=NN/*.parquet``): ``bucket_of(mesh, client_message_id,
   node)``. Every per-subject invariant's subject lives in one bucket, so a single process can check a large dataset one
   bucket at a time.
@@ -21,6 +22,7 @@ from __future__ import annotations
 import json
 import zlib
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .catalogue import BROKER_KINDS, DAEMON_KINDS
+from .inputs import JsonlFile
 
 DEFAULT_BUCKETS = 16
 
@@ -139,10 +142,10 @@ def row_to_event(row: dict[str, Any]) -> dict[str, Any]:
 
 # --- JSONL ------------------------------------------------------------------------------------------------------
 
-def jsonl_files(paths: Iterable[Path]) -> list[Path]:
+def jsonl_files(paths: Iterable[Path | str]) -> list[Path]:
     """The ``*.jsonl`` files named by ``paths`` (files, or directories searched recursively), sorted."""
     found: list[Path] = []
-    for path in paths:
+    for path in map(Path, paths):
         if path.is_dir():
             found += sorted(path.rglob("*.jsonl"))
         else:
@@ -150,34 +153,79 @@ def jsonl_files(paths: Iterable[Path]) -> list[Path]:
     return sorted(set(found))
 
 
-def read_jsonl(paths: Iterable[Path]) -> tuple[list[dict[str, Any]], list[str]]:
-    """Every event of the JSONL files as flat rows with ``line`` set, and the lines skipped (file:line: why).
+#: invalid events listed in a report (all are counted)
+INVALID_LISTED = 100
 
-    ``line`` counts the parsed events of each node across its files in path order. A line that is not a JSON object
-    with a ``node`` (e.g. torn by a kill -9 mid-write) is skipped and reported.
+
+@dataclass
+class JsonlRead:
+    """The valid events of JSONL files as flat rows (``line`` set, ``file`` and ``file_line`` kept) and the invalid
+    lines: ``invalid`` lists the first ``INVALID_LISTED`` in file order, ``invalid_count`` counts them all."""
+
+    rows: list[dict[str, Any]]
+    invalid: list[dict[str, Any]]
+    reasons: dict[str, int]
+
+    @property
+    def invalid_count(self) -> int:
+        return sum(self.reasons.values())
+
+
+def schema_problem(event: dict[str, Any]) -> str | None:
+    """The jsonschema library's message for an event that is not valid against trace/event.json, or None."""
+    from jsonschema.exceptions import best_match
+
+    from spec import fast_validator
+
+    error = best_match(fast_validator("trace/event").iter_errors(event))
+    if error is None:
+        return None
+    if event.get("kind") in SOURCE_OF:  # name the member of the event's own kind, not the oneOf as a whole
+        error = best_match(fast_validator(f"trace/{event['kind']}").iter_errors(event)) or error
+    where = ".".join(str(p) for p in error.absolute_path) or "event"
+    return f"{where}: {error.message}"
+
+
+def read_jsonl(files: list[Path | str | JsonlFile], listed: int = INVALID_LISTED) -> JsonlRead:
+    """Every line of the JSONL files (or of the ``*.jsonl`` files below directories), validated
+    (``spark_checks.validity``): valid events as flat rows, invalid lines as ``{"where": "<file>:<line>", "reason",
+    "message"}``.
+
+    ``line`` counts the valid events of each node across its files in path order; ``file_line`` is the 1-based
+    physical line.
     """
+    from .validity import parse_line
+
     rows: list[dict[str, Any]] = []
-    skipped: list[str] = []
+    invalid: list[dict[str, Any]] = []
+    reasons: dict[str, int] = {}
     lines: dict[str, int] = {}
-    for path in jsonl_files(paths):
-        with path.open(encoding="utf-8") as handle:
-            for number, text in enumerate(handle, start=1):
-                if not text.strip():
-                    continue
-                try:
-                    event = json.loads(text)
-                    node = event["node"]
-                except (json.JSONDecodeError, KeyError, TypeError) as exc:
-                    skipped.append(f"{path}:{number}: {type(exc).__name__}")
-                    continue
-                line = lines.get(node, 0)
-                lines[node] = line + 1
-                rows.append(event_to_row(event, line))
-    return rows, skipped
+    named = [item for item in files if isinstance(item, JsonlFile)]
+    named += [JsonlFile(str(path), str(path)) for path in jsonl_files(i for i in files if not isinstance(i, JsonlFile))]
+    for source in named:
+        with open(source.location, "rb") as handle:
+            data = handle.read()
+        parts = data.split(b"\n")
+        if parts[-1] == b"":
+            parts.pop()
+        for number, raw in enumerate(parts, start=1):
+            event, reason, message = parse_line(raw, number < len(parts) or data.endswith(b"\n"), schema_problem)
+            if event is None:
+                reasons[reason] = reasons.get(reason, 0) + 1
+                if len(invalid) < listed:
+                    invalid.append({"where": f"{source.display}:{number}", "reason": reason, "message": message})
+                continue
+            node = event["node"]
+            line = lines.get(node, 0)
+            lines[node] = line + 1
+            row = event_to_row(event, line)
+            row["file"], row["file_line"] = source.display, number
+            rows.append(row)
+    return JsonlRead(rows, invalid, reasons)
 
 
 def rows_to_table(rows: list[dict[str, Any]]) -> pa.Table:
-    """Flat rows to an Arrow table with ``FLAT_SCHEMA``."""
+    """Flat rows to an Arrow table with ``FLAT_SCHEMA`` (other keys, such as ``file``, are left out)."""
     return pa.Table.from_pylist(rows, schema=FLAT_SCHEMA)
 
 
@@ -195,11 +243,16 @@ def write_dataset(table: pa.Table, root: Path, buckets: int = DEFAULT_BUCKETS, p
         pq.write_table(table.take(pa.array(indices)), directory / f"{prefix}-0.parquet", compression="zstd")
 
 
-def convert_jsonl(paths: Iterable[Path], root: Path, buckets: int = DEFAULT_BUCKETS) -> tuple[int, list[str]]:
-    """Convert JSONL trace files into a Parquet dataset at ``root``; returns (events, skipped lines)."""
-    rows, skipped = read_jsonl(paths)
-    write_dataset(rows_to_table(rows), root, buckets)
-    return len(rows), skipped
+def convert_jsonl(files: list[Path | str | JsonlFile], root: Path, buckets: int = DEFAULT_BUCKETS,
+                  tolerate: bool = False) -> JsonlRead:
+    """Convert JSONL trace files into a Parquet dataset at ``root``; returns what was read.
+
+    Nothing is written when a line is invalid, unless ``tolerate`` (the invalid lines are then left out).
+    """
+    read = read_jsonl(files)
+    if read.invalid_count == 0 or tolerate:
+        write_dataset(rows_to_table(read.rows), root, buckets)
+    return read
 
 
 def write_jsonl(root: Path, out: Path) -> int:
@@ -207,7 +260,11 @@ def write_jsonl(root: Path, out: Path) -> int:
 
     Holds the dataset in memory: meant for small traces (tests, inspection).
     """
-    table = pq.read_table(dataset_path(root), schema=FLAT_SCHEMA)
+    return write_jsonl_table(pq.read_table(dataset_path(root), schema=FLAT_SCHEMA), out)
+
+
+def write_jsonl_table(table: pa.Table, out: Path) -> int:
+    """Write flat rows as JSONL, one ``<source>-<node>.jsonl`` per node in line order; returns events."""
     out.mkdir(parents=True, exist_ok=True)
     by_node: dict[str, list[dict[str, Any]]] = {}
     for row in table.to_pylist():
@@ -219,6 +276,12 @@ def write_jsonl(root: Path, out: Path) -> int:
             for row in rows:
                 handle.write(json.dumps(row_to_event(row), separators=(",", ":"), ensure_ascii=False) + "\n")
     return table.num_rows
+
+
+def read_files(files: Iterable[str]) -> pa.Table:
+    """Parquet files (of ``FLAT_SCHEMA``'s columns) as one table."""
+    tables = [pq.read_table(f, schema=FLAT_SCHEMA) for f in files]
+    return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
 
 
 # --- datasets ---------------------------------------------------------------------------------------------------
@@ -261,3 +324,64 @@ def read_bucket(directory: Path, columns: list[str] | None = None) -> pa.Table:
 def iter_rows(table: pa.Table) -> Iterator[dict[str, Any]]:
     """The rows of ``table`` as dicts."""
     yield from table.to_pylist()
+
+
+# --- validation of Parquet rows (the oracle's) ----------------------------------------------------------------------
+
+_MEMBER_OF = {**{column: column for column in COLUMNS}, **{c: m for m, c in RENAMED.items()}}
+
+
+def event_view(row: dict[str, Any]) -> dict[str, Any]:
+    """The JSON event a Parquet row stands for, to validate: ``row_to_event`` for its kind's members plus every
+    non-null column its kind does not have, as the member it would be (an extra member)."""
+    kind = row.get("kind")
+    event = row_to_event(row) if kind in SOURCE_OF else {}
+    for column in COLUMNS:
+        value = row.get(column)
+        if column == "line" or value is None:
+            continue
+        if column.startswith("effects_"):
+            effects = event.setdefault("effects", {})
+            if isinstance(effects, dict):
+                effects.setdefault(column.removeprefix("effects_"), value)
+            continue
+        name = _MEMBER_OF[column]
+        if name not in event:
+            event[name] = bytes(value).hex() if column == "request_fingerprint" else value
+    return event
+
+
+def validate_table(table: pa.Table, listed: int = INVALID_LISTED
+                   ) -> tuple[pa.Table, list[tuple[tuple[Any, ...], dict[str, Any]]], dict[str, int]]:
+    """The valid rows of a Parquet table, its first ``listed`` invalid rows as (order, ``{"where": "<node>@line <n>",
+    "reason", "message"}``) in (node, line) order (nulls first), and how many are invalid for each reason."""
+    from spec import fast_validator
+
+    check = fast_validator("trace/event")
+    keep: list[bool] = []
+    invalid: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+    for row in table.to_pylist():
+        line = row.get("line")
+        reason = message = None
+        if line is None or line < 0:
+            reason, message = "layout", f"line: {line} is not a position in the node's stream"
+        else:
+            event = event_view(row)
+            if not check.is_valid(event):
+                reason, message = "schema", schema_problem(event)
+        keep.append(reason is None)
+        if reason is not None:
+            node = row.get("node")
+            invalid.append(((node is not None, node or "", line is not None, line or 0),
+                            {"where": f"{_shown(node)}@line {_shown(line)}", "reason": reason, "message": message}))
+    if not invalid:
+        return table, [], {}
+    invalid.sort(key=lambda e: e[0])
+    reasons: dict[str, int] = {}
+    for _, entry in invalid:
+        reasons[entry["reason"]] = reasons.get(entry["reason"], 0) + 1
+    return table.filter(pa.array(keep)), invalid[:listed], reasons
+
+
+def _shown(value: Any) -> str:
+    return "null" if value is None else str(value)

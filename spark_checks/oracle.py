@@ -21,6 +21,7 @@ Rules shared with ``spark_checks.spark`` (the tests hold the two to the same ans
 from __future__ import annotations
 
 import itertools
+import os
 import time
 from array import array
 from collections import defaultdict
@@ -44,6 +45,7 @@ from .catalogue import (
     detail_text,
     evidence_entries,
 )
+from .inputs import Trace
 
 Ref = tuple[str, int, int]  # (node, seq, line)
 
@@ -68,7 +70,8 @@ class Report:
     """What a checker found; ``as_dict`` is the JSON report every checker writes.
 
     ``invalid_count`` counts the events rejected as invalid input (``spark_checks.validity``); ``invalid`` lists the
-    first of them, each ``{"where": "<file>:<line>" or "<node>@line <n>", "reason": <code>, "message": <text>}``.
+    first of them, each ``{"where": "<file>:<line>" or "<node>@line <n>", "reason": <code>, "message": <text>}``, and
+    ``invalid_reasons`` counts them by reason.
     The invariants are checked over the valid events only.
     """
 
@@ -82,6 +85,7 @@ class Report:
     invalid: list[dict[str, str]] = field(default_factory=list)
     settings: dict[str, Any] = field(default_factory=dict)
     invalid_count: int = 0
+    invalid_reasons: dict[str, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -103,7 +107,8 @@ class Report:
             "seconds": round(self.seconds, 3),
             "events_per_second": round(self.events / self.seconds) if self.seconds > 0 else None,
             "settings": self.settings,
-            "invalid": {"count": self.invalid_count, "lines": self.invalid},
+            "invalid": {"count": self.invalid_count, "reasons": dict(sorted(self.invalid_reasons.items())),
+                        "lines": self.invalid},
             "invariants": [{**inv.as_dict(), "applies": inv.needs <= present,
                             "violations": self.counts.get(inv.id, 0)} for inv in CATALOGUE],
             "violations": [v.as_dict() for v in self.violations],
@@ -181,12 +186,44 @@ def _tuples(table: pa.Table, kind: str, columns: tuple[str, ...]) -> list[tuple[
     return list(zip(*(part[c].to_pylist() for c in columns), strict=True))
 
 
-def _buckets(paths: list[Path]) -> tuple[Iterator[pa.Table], list[str]]:
-    if fmt.is_jsonl(paths):
-        rows, skipped = fmt.read_jsonl(paths)
-        return iter([fmt.rows_to_table(rows)]), skipped
-    dirs = [d for p in paths for d in fmt.bucket_dirs(p)]
-    return (fmt.read_bucket(d, ALL_COLUMNS) for d in dirs), []
+def _buckets(trace: Trace, invalid: _Invalid) -> Iterator[pa.Table]:
+    """The valid events, one table per dataset bucket (a JSONL trace is one); invalid ones go to ``invalid``."""
+    if trace.is_jsonl:
+        read = fmt.read_jsonl(trace.jsonl)
+        invalid.add([((k,), entry) for k, entry in enumerate(read.invalid)], read.reasons)
+        yield fmt.rows_to_table(read.rows)
+        return
+    by_directory: dict[str, list[str]] = defaultdict(list)
+    for path in trace.parquet_files:
+        by_directory[os.path.dirname(path)].append(path)
+    for directory in sorted(by_directory):
+        tables = [pq.read_table(f, schema=fmt.FLAT_SCHEMA) for f in sorted(by_directory[directory])]
+        table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+        valid, listed, reasons = fmt.validate_table(table)
+        invalid.add(listed, reasons)
+        yield valid.select(ALL_COLUMNS)
+
+
+@dataclass
+class _Invalid:
+    listed: list[tuple[tuple[Any, ...], dict[str, Any]]] = field(default_factory=list)
+    reasons: dict[str, int] = field(default_factory=dict)
+
+    def add(self, listed: list[tuple[tuple[Any, ...], dict[str, Any]]], reasons: dict[str, int]) -> None:
+        self.listed = sorted(self.listed + listed, key=lambda e: e[0])[:fmt.INVALID_LISTED]
+        for reason, count in reasons.items():
+            self.reasons[reason] = self.reasons.get(reason, 0) + count
+
+
+def locate(paths: str | Path | list[str] | list[Path]) -> Trace:
+    """The local trace ``paths`` name (paths or file: URIs); raises ``inputs.InputError``."""
+    from .inputs import LocalFS, check_local_parquet
+    from .inputs import locate as locate_trace
+
+    trace = locate_trace([str(p) for p in ([paths] if isinstance(paths, str | Path) else paths)],
+                         LocalFS("oracle"))
+    check_local_parquet(trace.parquet_files)
+    return trace
 
 
 # --- the checker ------------------------------------------------------------------------------------------------
@@ -200,24 +237,27 @@ class Oracle:
         self.evidence_events = evidence_events
         self.tables = Tables()
 
-    def check(self, paths: Path | list[Path]) -> Report:
+    def check(self, paths: str | Path | list[str] | list[Path]) -> Report:
+        """Check the valid events of a trace; invalid ones are reported in ``invalid``. Raises
+        ``inputs.InputError`` when there is nothing to check (a missing path, no trace files, bad Parquet)."""
         started = time.monotonic()
-        paths = [paths] if isinstance(paths, Path) else list(paths)
+        paths = [str(p) for p in ([paths] if isinstance(paths, str | Path) else paths)]
+        trace = locate(paths)
         state = _State()
-        tables, skipped = _buckets(paths)
-        for table in tables:
+        invalid = _Invalid()
+        for table in _buckets(trace, invalid):
             self._bucket(table, state)
         self._finish(state)
         chosen = self._first(state.candidates)
         counts: dict[str, int] = defaultdict(int)
         for violation_key in chosen:
             counts[violation_key[0]] += 1
-        violations = self._evidence(paths, chosen, state)
-        return Report("oracle", ", ".join(map(str, paths)), state.events, sorted(state.sources),
+        violations = self._evidence(trace, chosen, state)
+        return Report("oracle", ", ".join(paths), state.events, sorted(state.sources),
                       time.monotonic() - started, sort_violations(violations), dict(counts),
-                      [{"where": item.rsplit(": ", 1)[0], "reason": "not_json", "message": item.rsplit(": ", 1)[1]}
-                       for item in skipped],
-                      {"redelivery_grace_ms": self.grace, "evidence_events": self.evidence_events}, len(skipped))
+                      [entry for _, entry in invalid.listed],
+                      {"redelivery_grace_ms": self.grace, "evidence_events": self.evidence_events},
+                      sum(invalid.reasons.values()), invalid.reasons)
 
     # --- one bucket -------------------------------------------------------------------------------------------
     def _bucket(self, table: pa.Table, st: _State) -> None:
@@ -481,11 +521,11 @@ class Oracle:
                 chosen[key] = candidate
         return chosen
 
-    def _evidence(self, paths: list[Path], chosen: dict[tuple[str, Any], tuple[Any, ...]], st: _State
+    def _evidence(self, trace: Trace, chosen: dict[tuple[str, Any], tuple[Any, ...]], st: _State
                   ) -> list[Violation]:
         wanted: set[tuple[str, int]] = {(ref[0], ref[2]) for c in chosen.values() for ref in (*c[6], c[3])}
         wanted |= {(c[4][0], c[4][2]) for c in chosen.values() if c[4] is not None}
-        rows = load_rows(paths, wanted) if wanted else {}
+        rows = load_rows(trace, wanted) if wanted else {}
         violations = []
         for (invariant, key), (_, _, _, ref, rel, (case, fact), evidence) in chosen.items():
             related = None if rel is None else rows[(rel[0], rel[2])]
@@ -511,29 +551,40 @@ class _State:
     candidates: list[tuple[Any, ...]] = field(default_factory=list)
 
 
-def load_rows(paths: list[Path], wanted: set[tuple[str, int]]) -> dict[tuple[str, int], dict[str, Any]]:
-    """The flat rows of the events at the (node, line) positions in ``wanted``."""
+def load_rows(trace: Trace | str | Path | list[str] | list[Path], wanted: set[tuple[str, int]]
+              ) -> dict[tuple[str, int], dict[str, Any]]:
+    """The flat rows of the valid events at the (node, line) positions in ``wanted`` (JSONL rows keep ``file`` and
+    ``file_line``)."""
+    trace = trace if isinstance(trace, Trace) else locate(trace)
     found: dict[tuple[str, int], dict[str, Any]] = {}
+    if trace.is_jsonl:
+        for row in fmt.read_jsonl(trace.jsonl).rows:
+            if (row["node"], row["line"]) in wanted:
+                found[(row["node"], row["line"])] = row
+        return found
     nodes = sorted({node for node, _ in wanted})
-    if fmt.is_jsonl(paths):
-        rows, _ = fmt.read_jsonl(paths)
-        tables = [fmt.rows_to_table(rows)]
-    else:
-        tables = [pq.read_table(f, filters=[("node", "in", nodes)])
-                  for p in paths for d in fmt.bucket_dirs(p) for f in fmt.parquet_files(d)]
-    for table in tables:
+    for path in trace.parquet_files:
+        table = pq.read_table(path, schema=fmt.FLAT_SCHEMA, filters=[("node", "in", nodes)])
         if table.num_rows == 0:
             continue
-        mask = pc.is_in(table["node"], pa.array(nodes))
-        for row in table.filter(mask).to_pylist():
+        valid, _, _ = fmt.validate_table(table)
+        for row in valid.to_pylist():
             if (row["node"], row["line"]) in wanted:
                 found[(row["node"], row["line"])] = row
     return found
 
 
-def check(paths: Path | list[Path], **options: Any) -> Report:
+def validate(paths: str | Path | list[str] | list[Path]) -> tuple[int, list[dict[str, Any]], dict[str, int]]:
+    """Read a trace as ``check`` does without checking the catalogue: (valid events, the first invalid ones, invalid
+    counts by reason). Raises ``inputs.InputError`` when there is nothing to read."""
+    invalid = _Invalid()
+    events = sum(table.num_rows for table in _buckets(locate(paths), invalid))
+    return events, [entry for _, entry in invalid.listed], invalid.reasons
+
+
+def check(paths: str | Path | list[str] | list[Path], **options: Any) -> Report:
     """Check a trace (JSONL files or directories, or a Parquet dataset) with the oracle."""
     return Oracle(**options).check(paths)
 
 
-__all__ = ["BY_ID", "Oracle", "Report", "check", "load_rows", "sort_violations"]
+__all__ = ["BY_ID", "Oracle", "Report", "check", "load_rows", "sort_violations", "validate"]

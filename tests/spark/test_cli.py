@@ -70,7 +70,10 @@ def test_an_existing_trace_is_never_overwritten(tmp_path: Path, capsys):
     assert sorted(p.stat().st_mtime_ns for p in out.rglob("*.parquet")) == before
 
 
-def test_a_trace_without_events_is_not_a_pass(tmp_path: Path, capsys):
+@pytest.mark.parametrize("engine", ["oracle", "duckdb"])
+def test_a_trace_without_valid_events_is_not_a_pass(tmp_path: Path, capsys, engine: str):
     (tmp_path / "garbage.jsonl").write_text('{"v":1,"sou\n')
-    assert meshtrace(["check", str(tmp_path / "garbage.jsonl"), "--engine", "oracle"]) == 2
-    assert "no trace events found" in capsys.readouterr().err
+    assert meshtrace(["check", str(tmp_path / "garbage.jsonl"), "--engine", engine]) == 2
+    assert "1 invalid event(s) (1 not_json)" in capsys.readouterr().err
+    assert meshtrace(["check", str(tmp_path / "garbage.jsonl"), "--engine", engine, "--tolerate", "invalid"]) == 2
+    assert "no valid trace events in" in capsys.readouterr().err

@@ -47,7 +47,7 @@ def check_both(spark, trace: Path, scratch: Path) -> tuple[oracle.Report, oracle
     by_spark = SparkChecker(spark, limit=None).check(scratch / "parquet")
     assert by_oracle.events == by_spark.events == lines
     assert by_oracle.identities() == by_spark.identities()
-    return by_oracle, by_spark, {row["kind"] for row in fmt.read_jsonl(files)[0]}
+    return by_oracle, by_spark, {row["kind"] for row in fmt.read_jsonl(files).rows}
 
 
 def applying(report: oracle.Report) -> set[str]:

@@ -20,7 +20,7 @@ def test_the_recorded_mesh_trace_validates_and_passes_every_invariant():
     assert len(files) == 3  # the broker and two daemons
     lines, problems = validate_files(files)
     assert problems == [] and lines > 200
-    assert {row["kind"] for row in fmt.read_jsonl(files)[0]} == KINDS
+    assert {row["kind"] for row in fmt.read_jsonl(files).rows} == KINDS
     report = oracle.check(files)
     assert report.events == lines
     assert report.violations == [], [(v.invariant, v.key, v.detail) for v in report.violations]

@@ -21,22 +21,35 @@ def test_generated_events_are_schema_valid_and_round_trip_through_jsonl(tmp_path
     lines, problems = validate_files(files)
     assert (lines, problems) == (6_000, [])
     back = tmp_path / "back"
-    events, skipped = fmt.convert_jsonl(files, back)
-    assert (events, skipped) == (6_000, [])
+    read = fmt.convert_jsonl(files, back)
+    assert (len(read.rows), read.invalid, read.reasons) == (6_000, [], {})
     original = sorted(pq.read_table(fmt.dataset_path(trace), schema=fmt.FLAT_SCHEMA).to_pylist(),
                       key=lambda r: (r["node"], r["line"]))
     again = sorted(pq.read_table(back, schema=fmt.FLAT_SCHEMA).to_pylist(), key=lambda r: (r["node"], r["line"]))
     assert original == again
 
 
-def test_a_torn_line_is_skipped_and_reported(tmp_path: Path):
+def test_an_invalid_line_is_reported_and_not_counted_in_line(tmp_path: Path):
     event = {"v": 1, "source": "daemon", "node": "d", "seq": 0, "ts_ms": 1, "kind": "sse_event", "event_id": 1,
              "event": "message"}
     path = tmp_path / "daemon-d.jsonl"
     path.write_text(json.dumps(event) + '\n{"v":1,"sou\n' + json.dumps({**event, "seq": 1, "event_id": 2}) + "\n")
-    rows, skipped = fmt.read_jsonl([path])
-    assert [(r["seq"], r["line"]) for r in rows] == [(0, 0), (1, 1)]
-    assert len(skipped) == 1 and skipped[0].startswith(f"{path}:2")
+    read = fmt.read_jsonl([path])
+    assert [(r["seq"], r["line"], r["file"], r["file_line"]) for r in read.rows] == [(0, 0, str(path), 1),
+                                                                                    (1, 1, str(path), 3)]
+    assert [(e["where"], e["reason"]) for e in read.invalid] == [(f"{path}:2", "not_json")]
+    assert read.reasons == {"not_json": 1}
+
+
+def test_convert_refuses_invalid_input_unless_tolerated(tmp_path: Path):
+    event = {"v": 1, "source": "daemon", "node": "d", "seq": 0, "ts_ms": 1, "kind": "sse_event", "event_id": 1,
+             "event": "message"}
+    path = tmp_path / "daemon-d.jsonl"
+    path.write_text(json.dumps(event) + "\n" + json.dumps({**event, "seq": 1, "event_id": 2.5}) + "\n")
+    assert fmt.convert_jsonl([path], tmp_path / "refused").reasons == {"integer_literal": 1}
+    assert not (tmp_path / "refused").exists()
+    assert len(fmt.convert_jsonl([path], tmp_path / "kept", tolerate=True).rows) == 1
+    assert pq.read_table(tmp_path / "kept").num_rows == 1
 
 
 def test_every_subject_lives_in_one_bucket(tmp_path: Path):

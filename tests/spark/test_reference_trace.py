@@ -135,7 +135,7 @@ def _check_both(spark, trace_dir: Path, tmp_path: Path) -> tuple[oracle.Report, 
     by_spark = SparkChecker(spark, limit=None).check(dataset)
     assert by_oracle.events == by_spark.events == lines
     assert by_oracle.sources == by_spark.sources == ["daemon"]
-    kinds = {row["kind"] for row in fmt.read_jsonl(files)[0]}
+    kinds = {row["kind"] for row in fmt.read_jsonl(files).rows}
     assert {"ipc_decision", "outbox_transition", "inbox_insert", "sse_event"} <= kinds
     return by_oracle, by_spark
 

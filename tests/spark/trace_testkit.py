@@ -100,17 +100,18 @@ def skewed_trace(root: Path) -> tuple[Path, set[tuple[str, tuple[tuple[str, str]
     """
     fp, other = fingerprint("hot"), fingerprint("other")
     a = Daemon("daemon-skew-a")
-    oid = "01JSKEWROW0000000000000001"
+    oid = "01JSKEWR0W0000000000000001"
     a.done_row(oid, "hot-a", fp)
     a.repost("hot-a", fp, oid, 200)
     a.decision("hot-a", fp, "pending", True, "IPC-PENDING-MATCH", 202, oid)  # the row is done: inconsistent
     a.repost("hot-a", fp, oid, 100)
-    a.transition(oid, "hot-a", other, "done", "done", "ack_created", "OB-INFLIGHT-CREATED", 1)  # illegal + new fp
+    a.transition(oid, "hot-a", other, "inflight", "done", "ack_created", "OB-INFLIGHT-CREATED", 1,
+                 broker_message_id="m-hot-a")  # illegal (the row is done) + new fp
     a.repost("hot-a", fp, oid, 60)
-    a.transition("01JSKEWROW0000000000000002", "hot-a", fp, "none", "pending", "accept", "OB-NONE-ACCEPT", 0)  # freed
+    a.transition("01JSKEWR0W0000000000000002", "hot-a", fp, "none", "pending", "accept", "OB-NONE-ACCEPT", 0)  # freed
     b = Daemon("daemon-skew-b")
-    b.done_row("01JSKEWROW0000000000000003", "hot-b", fp)
-    b.repost("hot-b", fp, "01JSKEWROW0000000000000003", 400)  # heavy and clean
+    b.done_row("01JSKEWR0W0000000000000003", "hot-b", fp)
+    b.repost("hot-b", fp, "01JSKEWR0W0000000000000003", 400)  # heavy and clean
     rows = [fmt.event_to_row(e, e["seq"]) for e in a.events + b.events]
     dataset = root / "skew"
     fmt.write_dataset(fmt.rows_to_table(rows), dataset, buckets=4)

@@ -1,0 +1,330 @@
+"""DuckDB's reading of a trace: JSONL and Parquet, validated in SQL by ``spark_checks.validity``'s rules.
+
+Theory of operation. JSONL files are read as blobs (``read_blob``) and split at ``\\n``: a file that is valid UTF-8
+is decoded whole; one that is not is split on its hex digits (an aligned ``0A``) and each line decoded on its own, so
+``not_utf8`` is a line's reason, not the file's. The line rules run as one ``CASE`` over the text in the order of
+``validity.REASONS``, with yyjson's ``json_valid`` plus two repairs -- it accepts NaN/Infinity and trailing commas,
+which ``LAX_TOKENS`` refuses outside strings -- and the schema tree rendered over ``json_type``/``json_extract``.
+The valid lines become the flat rows (``format.FLAT_SCHEMA``, plus ``file`` and ``file_line``) of table ``ev``.
+
+A Parquet dataset is a view; the tree is rendered over its typed columns (a row's JSON view, ``validity``) and
+``ev`` is the plain view when nothing is invalid, else the valid rows only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from . import format as fmt
+from . import validity as v
+from .inputs import LocalFS, Trace, check_local_parquet, locate
+
+
+def lit(value: Any) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+class DuckDialect(v.Dialect):
+    def lit(self, value: Any) -> str:
+        return lit(value)
+
+    def and_(self, items: list[str]) -> str:
+        return "(" + " AND ".join(items) + ")" if items else "true"
+
+    def or_(self, items: list[str]) -> str:
+        return "(" + " OR ".join(items) + ")" if items else "false"
+
+    def not_(self, item: str) -> str:
+        return f"(NOT {item})"
+
+    def when(self, branches: list[tuple[str, str]], otherwise: str) -> str:
+        return "(CASE " + " ".join(f"WHEN {c} THEN {r}" for c, r in branches) + f" ELSE {otherwise} END)"
+
+    def coalesce(self, items: list[str]) -> str:
+        return items[0] if len(items) == 1 else "coalesce(" + ", ".join(items) + ")"
+
+    def eq(self, a: str, b: str) -> str:
+        return f"({a} = {b})"
+
+    def cmp(self, a: str, op: str, b: str) -> str:
+        return f"({a} {op} {b})"
+
+    def length(self, a: str) -> str:
+        return f"length({a})"
+
+    def matches(self, a: str, pattern: str) -> str:
+        return f"regexp_matches({a}, {lit(pattern)})"
+
+    def concat(self, items: list[str]) -> str:
+        return "concat(" + ", ".join(items) + ")"
+
+    def is_null(self, a: str) -> str:
+        return f"({a} IS NULL)"
+
+    def count_true(self, items: list[str]) -> str:
+        return "(" + " + ".join(f"CAST({i} AS INTEGER)" for i in items) + ")"
+
+
+def _json_path(path: v.Path) -> str:
+    return "$." + ".".join(path)
+
+
+def _type_sql(json: str, path: v.Path) -> str:
+    """The tree's JSON type of a member (null when absent)."""
+    at = lit(_json_path(path))
+    return (f"CASE WHEN json_type({json}, {at}) IS NULL THEN NULL ELSE CASE json_type({json}, {at}) "
+            f"WHEN 'VARCHAR' THEN 'string' WHEN 'BIGINT' THEN 'integer' "
+            f"WHEN 'UBIGINT' THEN CASE WHEN TRY_CAST(json_extract_string({json}, {at}) AS BIGINT) IS NOT NULL "
+            f"THEN 'integer' ELSE 'number' END WHEN 'BOOLEAN' THEN 'boolean' WHEN 'NULL' THEN 'null' "
+            f"WHEN 'OBJECT' THEN 'object' WHEN 'ARRAY' THEN 'array' ELSE 'number' END END")
+
+
+class JsonAccess(v.Access):
+    """Members of the JSON column ``j``; ``t<k>`` columns hold each path's type (``type_columns``)."""
+
+    def __init__(self, paths: list[v.Path]):
+        self.index = {path: k for k, path in enumerate(paths)}
+
+    def _t(self, path: v.Path) -> str:
+        return f"t{self.index[path]}" if path else "'object'"
+
+    def present(self, path: v.Path) -> str:
+        return f"({self._t(path)} IS NOT NULL)"
+
+    def type_is(self, path: v.Path, types: tuple[str, ...]) -> str:
+        return f"coalesce({self._t(path)} IN ({', '.join(lit(t) for t in types)}), false)"
+
+    def string(self, path: v.Path) -> str:
+        return f"json_extract_string(j, {lit(_json_path(path))})"
+
+    def integer(self, path: v.Path) -> str:
+        return f"TRY_CAST(json_extract_string(j, {lit(_json_path(path))}) AS BIGINT)"
+
+    def boolean(self, path: v.Path) -> str:
+        return f"TRY_CAST(json_extract_string(j, {lit(_json_path(path))}) AS BOOLEAN)"
+
+    def unknown_member(self, path: v.Path, allowed: tuple[str, ...]) -> str:
+        keys = f"json_keys(j, {lit(_json_path(path))})" if path else "json_keys(j)"
+        names = "[" + ", ".join(lit(n) for n in allowed) + "]"
+        return f"list_filter({keys}, lambda k: NOT list_contains({names}, k))[1]"
+
+
+def _member_columns() -> dict[v.Path, str]:
+    """Each JSON member path's Parquet column."""
+    columns = {}
+    for column in fmt.COLUMNS:
+        if column == "line":
+            continue
+        if column.startswith("effects_"):
+            columns[("effects", column.removeprefix("effects_"))] = column
+        else:
+            columns[({c: m for m, c in fmt.RENAMED.items()}.get(column, column),)] = column
+    return columns
+
+
+class ParquetAccess(v.Access):
+    """A Parquet row's JSON view: its kind's members, plus any non-null column as an extra member."""
+
+    def __init__(self) -> None:
+        self.compiled = v.compile_event()
+        self.columns = _member_columns()
+        self.kinds_having: dict[v.Path, list[str]] = {}
+        for kind, names in self.compiled.kinds.items():
+            for name in names:
+                self.kinds_having.setdefault((name,), []).append(kind)
+        for path, by_kind in self.compiled.object_members.items():
+            for kind, names in by_kind.items():
+                for name in names:
+                    self.kinds_having.setdefault((*path, name), []).append(kind)
+
+    def _of_kind(self, path: v.Path) -> str:
+        kinds = self.kinds_having.get(path, [])
+        return f"coalesce(kind IN ({', '.join(lit(k) for k in kinds)}), false)" if kinds else "false"
+
+    def present(self, path: v.Path) -> str:
+        if not path:
+            return "true"
+        if path in self.compiled.object_members:
+            below = [self.columns[p] for p in self.columns if p[:len(path)] == path and len(p) > len(path)]
+            return "(" + " OR ".join([self._of_kind(path), *(f"{c} IS NOT NULL" for c in below)]) + ")"
+        column = self.columns.get(path)
+        return "false" if column is None else f"({column} IS NOT NULL OR {self._of_kind(path)})"
+
+    def type_is(self, path: v.Path, types: tuple[str, ...]) -> str:
+        if not path or path in self.compiled.object_members:
+            return "true" if "object" in types else "false"
+        column = self.columns.get(path)
+        if column is None:
+            return "false"
+        kind = fmt.FLAT_SCHEMA.field(column).type
+        own = "string" if str(kind) in ("string", "fixed_size_binary[32]") else "boolean" if str(kind) == "bool" \
+            else "integer"
+        parts = []
+        if own in types:
+            parts.append(f"{column} IS NOT NULL")
+        if "null" in types:
+            parts.append(f"({column} IS NULL AND {self._of_kind(path)})")
+        return "(" + " OR ".join(parts) + ")" if parts else "false"
+
+    def string(self, path: v.Path) -> str:
+        column = self.columns[path]
+        return f"lower(hex({column}))" if column == "request_fingerprint" else column
+
+    def integer(self, path: v.Path) -> str:
+        return f"CAST({self.columns[path]} AS BIGINT)"
+
+    def boolean(self, path: v.Path) -> str:
+        return self.columns[path]
+
+    def unknown_member(self, path: v.Path, allowed: tuple[str, ...]) -> str:
+        names = sorted({p[len(path)] for p in self.columns if p[:len(path)] == path and len(p) > len(path)},
+                       key=lambda n: fmt.COLUMNS.index(self.columns.get((*path, n)) or self._first(path, n)))
+        cases = " ".join(f"WHEN {self.present((*path, n))} THEN {lit(n)}" for n in names if n not in allowed)
+        return f"(CASE {cases} END)" if cases else "NULL"
+
+    def _first(self, path: v.Path, name: str) -> str:
+        return next(c for p, c in self.columns.items() if p[:len(path) + 1] == (*path, name))
+
+
+@dataclass
+class Loaded:
+    trace: Trace
+    invalid: list[dict[str, Any]]
+    reasons: dict[str, int]
+
+
+def load(con: Any, paths: list[str], listed: int = fmt.INVALID_LISTED) -> Loaded:
+    """Create ``ev`` (the valid events) in ``con`` from the trace ``paths`` name; raises ``inputs.InputError``."""
+    trace = locate(paths, LocalFS("duckdb"))
+    if trace.is_jsonl:
+        return _jsonl(con, trace, listed)
+    check_local_parquet(trace.parquet_files)
+    return _parquet(con, trace, listed)
+
+
+def _parquet(con: Any, trace: Trace, listed: int) -> Loaded:
+    files = ", ".join(lit(f) for f in trace.parquet_files)
+    columns = ", ".join(fmt.COLUMNS)
+    con.execute(f"CREATE VIEW ev_all AS SELECT {columns} FROM read_parquet([{files}], hive_partitioning = false)")
+    renderer = v.Renderer(DuckDialect(), ParquetAccess())
+    tree = v.compile_event().tree
+    valid = f"(line IS NOT NULL AND line >= 0 AND {renderer.valid(tree)})"
+    reason = ("CASE WHEN line IS NULL OR line < 0 THEN 'layout' ELSE 'schema' END")
+    message = (f"CASE WHEN line IS NULL OR line < 0 THEN concat('line: ', coalesce(CAST(line AS VARCHAR), 'null'), "
+               f"' is not a position in the node''s stream') ELSE {renderer.explain(tree)} END")
+    con.execute(f"CREATE TEMP TABLE bad AS SELECT coalesce(node, 'null') || '@line ' || "
+                f"coalesce(CAST(line AS VARCHAR), 'null') AS \"where\", {reason} AS reason, {message} AS message, "
+                f"node, line FROM ev_all WHERE NOT {valid}")
+    reasons = dict(con.execute("SELECT reason, count(*) FROM bad GROUP BY reason").fetchall())
+    invalid = [{"where": w, "reason": r, "message": m} for w, r, m in con.execute(
+        f"SELECT \"where\", reason, message FROM bad ORDER BY node NULLS FIRST, line NULLS FIRST LIMIT {listed}"
+    ).fetchall()]
+    con.execute(f"CREATE VIEW ev AS SELECT * FROM ev_all{f' WHERE {valid}' if reasons else ''}")
+    return Loaded(trace, invalid, reasons)
+
+
+def _jsonl(con: Any, trace: Trace, listed: int) -> Loaded:
+    con.execute("CREATE TEMP TABLE files (fi INTEGER, location VARCHAR, display VARCHAR)")
+    con.executemany("INSERT INTO files VALUES (?, ?, ?)",
+                    [(k, f.location, f.display) for k, f in enumerate(trace.jsonl)])
+    locations = ", ".join(lit(f.location) for f in trace.jsonl)
+    # the lines of each file: decoded whole when the file is UTF-8, else line by line from its hex digits
+    con.execute(f"""
+        CREATE TEMP TABLE parts AS
+        SELECT f.fi, CASE WHEN try(decode(b.content)) IS NOT NULL THEN string_split(decode(b.content), chr(10))
+                          ELSE list_transform(string_split(regexp_replace(hex(b.content),
+                                 '((?:[0-9A-F]{{2}})*?)0A', '\\1|', 'g'), '|'),
+                               lambda h: try(decode(unhex(h)))) END AS parts
+        FROM read_blob([{locations}]) b JOIN files f ON b.filename = f.location""")
+    con.execute("""
+        CREATE TEMP TABLE raw AS
+        SELECT fi, n, text, n < total AS terminated FROM (
+          SELECT fi, unnest(parts) AS text, unnest(range(1, len(parts) + 1)) AS n, len(parts) AS total FROM parts)
+        WHERE NOT (n = total AND text IS NOT DISTINCT FROM '')""")
+    lone = (f"regexp_matches(regexp_replace(regexp_replace(text, {lit(v.ESCAPED_BACKSLASH)}, '__', 'g'), "
+            f"{lit(v.SURROGATE_PAIR)}, '__', 'g'), {lit(v.SURROGATE)})")
+    lax = f"regexp_matches(regexp_replace(text, {lit(v.STRING_PATTERN)}, '\"\"', 'g'), {lit(v.LAX_TOKENS)})"
+    con.execute(f"""
+        CREATE TEMP TABLE lines AS
+        SELECT fi, n, text, terminated, CASE
+            WHEN text IS NULL THEN 'not_utf8'
+            WHEN regexp_full_match(text, {lit(v.BLANK_PATTERN[1:-1])}) THEN 'blank'
+            WHEN starts_with(text, chr(65279)) THEN 'bom'
+            WHEN {lone} THEN 'lone_surrogate'
+            WHEN NOT json_valid(text) THEN 'not_json'
+            WHEN {lax} THEN 'not_json'
+            WHEN json_type(text) <> 'OBJECT' THEN 'not_object'
+          END AS reason
+        FROM raw""")
+    compiled = v.compile_event()
+    paths = sorted(set(v.leaf_paths(compiled.tree)) | set(compiled.integer_paths)
+                   | {p for p in compiled.object_paths if p})
+    access = JsonAccess(paths)
+    types = ", ".join(f"{_type_sql('j', p)} AS t{k}" for k, p in enumerate(paths))
+    con.execute(f"""
+        CREATE TEMP TABLE parsed AS
+        SELECT fi, n, j, {types} FROM (SELECT fi, n, CAST(text AS JSON) AS j FROM lines WHERE reason IS NULL)""")
+    duplicate = " OR ".join(
+        f"coalesce(len(json_keys(j{', ' + lit(_json_path(p)) if p else ''})) <> "
+        f"len(list_distinct(json_keys(j{', ' + lit(_json_path(p)) if p else ''}))), false)"
+        for p in compiled.object_paths)
+    integer = " OR ".join(f"coalesce({access._t(p)} = 'number', false)" for p in compiled.integer_paths)
+    renderer = v.Renderer(DuckDialect(), access)
+    con.execute(f"""
+        CREATE TEMP TABLE judged AS
+        SELECT fi, n, j, CASE WHEN {duplicate} THEN 'duplicate_member' WHEN {integer} THEN 'integer_literal'
+                              WHEN NOT {renderer.valid(compiled.tree)} THEN 'schema' END AS reason,
+               CASE WHEN {duplicate} THEN 'a member name appears twice in the event or its effects'
+                    WHEN {integer} THEN {_integer_message(compiled, access)}
+                    ELSE {renderer.explain(compiled.tree)} END AS message
+        FROM parsed""")
+    torn = ", ".join(lit(r) for r in v.TORN)
+    con.execute(f"""
+        CREATE TEMP TABLE bad AS
+        SELECT l.fi, l.n, f.display || ':' || l.n AS "where",
+               CASE WHEN l.reason IN ({torn}) AND NOT l.terminated THEN {lit(v.TORN_TAIL)}
+                    ELSE coalesce(l.reason, j.reason) END AS reason,
+               CASE WHEN l.reason IN ({torn}) AND NOT l.terminated THEN {lit(v.TORN_MESSAGE)}
+                    WHEN l.reason IS NOT NULL THEN {_line_messages()} ELSE j.message END AS message
+        FROM lines l JOIN files f USING (fi) LEFT JOIN judged j USING (fi, n)
+        WHERE l.reason IS NOT NULL OR j.reason IS NOT NULL""")
+    reasons = dict(con.execute("SELECT reason, count(*) FROM bad GROUP BY reason").fetchall())
+    invalid = [{"where": w, "reason": r, "message": m} for w, r, m in con.execute(
+        f"SELECT \"where\", reason, message FROM bad ORDER BY fi, n LIMIT {listed}").fetchall()]
+    con.execute(f"""
+        CREATE TEMP TABLE ev AS
+        SELECT * EXCLUDE (fi) REPLACE (
+            CAST(row_number() OVER (PARTITION BY node ORDER BY fi, file_line) - 1 AS BIGINT) AS line)
+        FROM (SELECT fi, {', '.join(_flat_columns())}, f.display AS file, p.n AS file_line
+              FROM judged p JOIN files f USING (fi) WHERE p.reason IS NULL)""")
+    return Loaded(trace, invalid, reasons)
+
+
+def _line_messages() -> str:
+    return "CASE l.reason " + " ".join(f"WHEN {lit(r)} THEN {lit(text)}" for r, text in v.REASONS.items()) + " END"
+
+
+def _integer_message(compiled: v.Compiled, access: JsonAccess) -> str:
+    return "CASE " + " ".join(f"WHEN coalesce({access._t(p)} = 'number', false) THEN "
+                              f"{lit(v.member(p) + ': ' + v.REASONS['integer_literal'])}"
+                              for p in compiled.integer_paths) + " END"
+
+
+def _flat_columns() -> list[str]:
+    """SQL for each ``FLAT_SCHEMA`` column from the JSON event ``j`` (``line`` is numbered afterwards)."""
+    sql = {"int8": "TINYINT", "int32": "INTEGER", "int64": "BIGINT", "bool": "BOOLEAN", "string": "VARCHAR"}
+    out = []
+    for path, column in _member_columns().items():
+        text = f"json_extract_string(j, {lit(_json_path(path))})"
+        kind = str(fmt.FLAT_SCHEMA.field(column).type)
+        value = f"unhex({text})" if column == "request_fingerprint" else f"CAST({text} AS {sql[kind]})"
+        out.append(f"{value} AS {column}")
+    out.insert(fmt.COLUMNS.index("line"), "CAST(NULL AS BIGINT) AS line")
+    return out

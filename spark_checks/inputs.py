@@ -1,0 +1,235 @@
+"""Where a trace is: the JSONL files or Parquet datasets that command-line arguments name, for every engine.
+
+Rules of this file:
+
+* Locations are strings, never ``pathlib.Path``: a URI keeps its scheme and authority (``s3a://b/x`` stays
+  ``s3a://b/x``), and ``/events`` is appended to a trace directory by string, for a URI as for a local path.
+* An argument names a JSONL file (``*.jsonl``), a Parquet file, a trace directory (one holding ``events/``), a
+  Parquet dataset (a directory with ``*.parquet`` below it) or a directory of JSONL files (searched recursively).
+  JSONL and Parquet are not mixed in one check. A missing path, or a directory with neither, is an ``InputError``
+  (exit 2), as is a Parquet file whose columns are not ``format.FLAT_SCHEMA``'s.
+* A JSONL file is shown (``invalid`` entries' ``where``, evidence's ``file``) as the argument that named it, joined
+  with ``/`` and its path below that argument; files are read in the order of those names.
+* The oracle and DuckDB read local paths and ``file:`` URIs (``LocalFS``); Spark reads any Hadoop filesystem URI and
+  asks the session's Hadoop ``FileSystem`` what exists (``HadoopFS``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
+
+
+class InputError(Exception):
+    """The input cannot be checked at all: a missing path, no trace files, unreadable or mistyped Parquet."""
+
+
+@dataclass(frozen=True)
+class JsonlFile:
+    location: str  # what the engine opens
+    display: str  # what reports show
+
+
+@dataclass(frozen=True)
+class Trace:
+    """JSONL files in path order, or Parquet datasets (each a root and its files)."""
+
+    jsonl: tuple[JsonlFile, ...] = ()
+    datasets: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    @property
+    def is_jsonl(self) -> bool:
+        return bool(self.jsonl)
+
+    @property
+    def parquet_files(self) -> list[str]:
+        return [f for _, files in self.datasets for f in files]
+
+
+def has_scheme(text: str) -> bool:
+    return bool(_SCHEME.match(text)) and not re.match(r"^[A-Za-z]:[\\/]", text)
+
+
+def local(text: str, engine: str) -> str:
+    """A local path or ``file:`` URI as a local path; another scheme is an ``InputError`` naming ``engine``."""
+    if not has_scheme(text):
+        return text
+    parts = urlsplit(text)
+    if parts.scheme.lower() != "file" or parts.netloc not in ("", "localhost"):
+        raise InputError(f"the {engine} engine reads local paths and file:// URIs only, not {text} "
+                         "(use --engine spark for Hadoop filesystems)")
+    return unquote(parts.path)
+
+
+def join(base: str, name: str) -> str:
+    return base if not name else base.rstrip("/") + "/" + name
+
+
+class LocalFS:
+    """The local filesystem; arguments may be ``file:`` URIs."""
+
+    def __init__(self, engine: str):
+        self.engine = engine
+
+    def path(self, text: str) -> str:
+        return local(text, self.engine)
+
+    def exists(self, text: str) -> bool:
+        return os.path.exists(self.path(text))
+
+    def is_dir(self, text: str) -> bool:
+        return os.path.isdir(self.path(text))
+
+    def files(self, text: str) -> list[tuple[str, str]]:
+        """(location, path below ``text``) of every file under directory ``text``."""
+        root = self.path(text)
+        found = []
+        for directory, _, names in os.walk(root):
+            for name in names:
+                full = os.path.join(directory, name)
+                found.append((full, os.path.relpath(full, root).replace(os.sep, "/")))
+        return found
+
+    def location(self, text: str) -> str:
+        return self.path(text)
+
+
+class HadoopFS:
+    """The session's Hadoop filesystems (any URI the cluster can read)."""
+
+    def __init__(self, spark: Any):
+        self.jvm = spark._jvm
+        self.conf = spark._jsc.hadoopConfiguration()
+
+    def _fs(self, text: str) -> tuple[Any, Any]:
+        path = self.jvm.org.apache.hadoop.fs.Path(text)
+        return path.getFileSystem(self.conf), path
+
+    def exists(self, text: str) -> bool:
+        fs, path = self._fs(text)
+        return bool(fs.exists(path))
+
+    def is_dir(self, text: str) -> bool:
+        fs, path = self._fs(text)
+        return bool(fs.exists(path) and fs.getFileStatus(path).isDirectory())
+
+    def files(self, text: str) -> list[tuple[str, str]]:
+        fs, path = self._fs(text)
+        root = fs.makeQualified(path).toString().rstrip("/") + "/"
+        found = []
+        listing = fs.listFiles(path, True)
+        while listing.hasNext():
+            child = listing.next().getPath()
+            name = child.toString()
+            found.append((child.toUri().toString(), name[len(root):] if name.startswith(root) else child.getName()))
+        return found
+
+    def location(self, text: str) -> str:
+        fs, path = self._fs(text)
+        return fs.makeQualified(path).toUri().toString()
+
+
+def _hidden(relative: str) -> bool:
+    return any(part.startswith((".", "_")) for part in relative.split("/"))
+
+
+def locate(arguments: Iterable[str], fs: LocalFS | HadoopFS) -> Trace:
+    """The trace the arguments name; raises ``InputError`` when there is none."""
+    jsonl: dict[str, JsonlFile] = {}
+    datasets: list[tuple[str, tuple[str, ...]]] = []
+    for argument in arguments:
+        argument = str(argument)
+        if not fs.exists(argument):
+            raise InputError(f"no such file or directory: {argument}")
+        if not fs.is_dir(argument):
+            if argument.endswith(".jsonl"):
+                jsonl.setdefault(argument, JsonlFile(fs.location(argument), argument))
+            elif argument.endswith(".parquet"):
+                datasets.append((argument, (fs.location(argument),)))
+            else:
+                raise InputError(f"{argument}: neither a .jsonl nor a .parquet file")
+            continue
+        events = join(argument, "events")
+        root = events if fs.is_dir(events) else argument
+        files = [(loc, rel) for loc, rel in fs.files(root) if not _hidden(rel)]
+        parquet = sorted(loc for loc, rel in files if rel.endswith(".parquet"))
+        if parquet:
+            datasets.append((root, tuple(parquet)))
+            continue
+        found = sorted((rel, loc) for loc, rel in files if rel.endswith(".jsonl"))
+        if not found:
+            raise InputError(f"no trace files (*.jsonl or *.parquet) in {argument}")
+        for rel, loc in found:
+            display = join(argument, rel)
+            jsonl.setdefault(display, JsonlFile(loc, display))
+    if jsonl and datasets:
+        raise InputError("JSONL files and Parquet datasets cannot be checked together; convert the JSONL first "
+                         "(meshtrace convert)")
+    return Trace(tuple(jsonl[k] for k in sorted(jsonl)), tuple(datasets))
+
+
+def write_local(target: str, text: str) -> None:
+    """Write ``text`` to a local path or ``file:`` URI, making its directory."""
+    path = local(target, "report")
+    directory = os.path.dirname(path)
+    if directory:
+        os.makedirs(directory, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(text)
+
+
+def write_hadoop(spark: Any, target: str, text: str) -> None:
+    """Write ``text`` to any Hadoop filesystem URI (or local path) through the session's ``FileSystem``."""
+    fs, path = HadoopFS(spark)._fs(target)
+    stream = fs.create(path, True)
+    try:
+        stream.write(bytearray(text.encode("utf-8")))
+    finally:
+        stream.close()
+
+
+# --- Parquet column types -----------------------------------------------------------------------------------------
+
+def flat_type_problems(columns: dict[str, str], where: str) -> list[str]:
+    """Problems of one Parquet file's columns (name -> arrow type text) against ``format.FLAT_SCHEMA``."""
+    from .format import FLAT_SCHEMA
+
+    problems = []
+    for field in FLAT_SCHEMA:
+        found = columns.get(field.name)
+        if found is None:
+            problems.append(f"{where}: column {field.name} missing (expected {field.type})")
+        elif found != str(field.type):
+            problems.append(f"{where}: column {field.name} is {found}, expected {field.type}")
+    extra = sorted(set(columns) - set(FLAT_SCHEMA.names))
+    if extra:
+        problems.append(f"{where}: column(s) {', '.join(extra)} not in the trace layout")
+    return problems
+
+
+def check_local_parquet(files: Iterable[str]) -> None:
+    """Raise ``InputError`` when a Parquet file cannot be read or its columns are not the flat layout's."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    problems: list[str] = []
+    for path in files:
+        try:
+            schema = pq.read_schema(path)
+        except (OSError, pa.ArrowException) as exc:
+            raise InputError(f"{path}: not a readable Parquet file ({exc})") from None
+        columns = {f.name: str(f.type.value_type if pa.types.is_dictionary(f.type) else f.type) for f in schema}
+        problems += flat_type_problems(columns, path)
+    if problems:
+        raise InputError("Parquet columns do not match the trace layout: " + "; ".join(problems[:5])
+                         + (f"; and {len(problems) - 5} more" if len(problems) > 5 else ""))
+
+
+__all__ = ["HadoopFS", "InputError", "JsonlFile", "LocalFS", "Trace", "check_local_parquet", "local", "locate",
+           "write_hadoop", "write_local"]

@@ -1,0 +1,682 @@
+"""What a valid trace event is, stated once for every engine (spark_checks/README.md, "Input validity").
+
+Two layers decide it, and every engine applies both in the same order:
+
+1. **Line rules** (JSONL only). A file is split at ``\\n`` (a final ``\\n`` ends the last line and starts none; a
+   ``\\r`` before it is JSON whitespace, so CRLF files are fine). Each physical line must be one event; the first rule
+   of ``REASONS`` a line breaks is its reason. A last line without its ``\\n`` that is not JSON is ``torn_tail`` (what a
+   writer killed mid-line leaves) instead of ``not_utf8``, ``lone_surrogate`` or ``not_json``.
+2. **The schema**: ``spec/schemas/trace/event.json`` with the per-kind schemas and ``common/defs.json``. This module
+   compiles it to an expression tree (``compile_event``) that ``render`` turns into Spark Columns or DuckDB SQL. The
+   compiler understands the JSON Schema subset the trace schemas use and raises ``SchemaNotUnderstood`` for anything
+   else, so a schema change can never silently weaken the check. The oracle does not use the tree: it validates with
+   the ``jsonschema`` library (``spec.validator``), an independent derivation the tests hold the tree to.
+
+The tree sees an event through an accessor (``Access``): whether a member is present, its JSON type (``string``,
+``integer``, ``number``, ``boolean``, ``null``, ``object``, ``array``), its value, an object's member names. ``integer``
+means an integer literal within int64 -- what every engine's parser keeps exact -- and anything else numeric is
+``number``. Integer members (the paths any kind types ``integer``) must hold an ``integer``: ``5.0``, ``5e0`` and
+``2**63`` are ``integer_literal``, decided before the schema, so the schema's ``integer`` (which includes ``5.0``) and
+the tree's agree on every line that reaches them. A Parquet row is the JSON event ``format.row_to_event`` makes of it
+plus every non-null column its kind does not have (an extra member), and its ``line`` must be a position (``layout``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+#: Reasons an event is invalid, in the order they are decided (the first that applies is reported).
+REASONS: dict[str, str] = {
+    "not_utf8": "the line is not valid UTF-8",
+    "blank": "the line is empty or white space only (a trace writer never writes one)",
+    "bom": "the line starts with a byte order mark (U+FEFF)",
+    "lone_surrogate": "a \\uD800-\\uDFFF escape that is not half of a surrogate pair",
+    "not_json": "not exactly one JSON text (RFC 8259)",
+    "not_object": "a JSON text that is not an object",
+    "duplicate_member": "a member name twice in the event or in one of its object members",
+    "integer_literal": "an integer member written with a fraction or an exponent, or outside int64",
+    "schema": "not valid against spec/schemas/trace/event.json",
+    "layout": "a Parquet row whose line is null or negative",
+}
+#: Reasons an unterminated last line gets ``torn_tail`` instead of.
+TORN = ("not_utf8", "lone_surrogate", "not_json")
+TORN_TAIL = "torn_tail"
+TORN_MESSAGE = "the last line has no newline and is not JSON: a torn write"
+
+INT64 = (-(1 << 63), (1 << 63) - 1)
+#: JSON white space (RFC 8259) other than the line feed that ends a line.
+BLANK_PATTERN = r"^[ \t\r]*$"
+#: A JSON string (used on text that already parses, to look outside strings).
+STRING_PATTERN = r'"(?:[^"\\]|\\.)*"'
+#: After escaped backslashes (``\\\\``) are neutralised and surrogate pairs removed, a surrogate escape left is lone.
+ESCAPED_BACKSLASH = r"\\\\"
+SURROGATE_PAIR = r"\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+SURROGATE = r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}"
+#: Outside strings: tokens a lax parser accepts and RFC 8259 does not (NaN, Infinity, a trailing comma).
+LAX_TOKENS = r"[nN][aA][nN]|[iI][nN][fF]|,[ \t\r\n]*[\]}]"
+
+ANNOTATIONS = frozenset({"$schema", "$id", "title", "description", "$comment", "examples", "default"})
+KEYWORDS = frozenset({"$ref", "type", "const", "enum", "minLength", "maxLength", "pattern", "minimum", "maximum",
+                      "required", "properties", "additionalProperties", "allOf", "anyOf", "oneOf", "not", "if",
+                      "then", "else"})
+TYPES = frozenset({"string", "integer", "boolean", "null", "object"})
+
+
+class SchemaNotUnderstood(ValueError):
+    """The trace schema uses a keyword, type or value this compiler does not translate."""
+
+
+Path = tuple[str, ...]
+
+
+# --- the tree ---------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Check:
+    """One leaf: ``op`` is present, type, const, enum, min_length, max_length, pattern, minimum, maximum, only_keys."""
+
+    op: str
+    path: Path
+    arg: Any = None
+
+
+@dataclass(frozen=True)
+class All:
+    items: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class AnyOf:
+    """Valid when any item is; ``one`` asks for exactly one. ``by`` names a member whose const picks the item."""
+
+    items: tuple[Any, ...]
+    one: bool = False
+    by: tuple[Path, tuple[str, ...]] | None = None
+
+
+@dataclass(frozen=True)
+class Not:
+    item: Any
+
+
+@dataclass(frozen=True)
+class Cond:
+    """if / then / else; ``Cond(guard, rule)`` applies ``rule`` only where ``guard`` holds."""
+
+    when: Any
+    then: Any
+    otherwise: Any = All(())
+
+
+TRUE = All(())
+
+
+def member(path: Path) -> str:
+    return ".".join(path) if path else "event"
+
+
+def _string(schema_path: str, value: Any) -> Any:
+    if isinstance(value, (float, dict, list)):
+        raise SchemaNotUnderstood(f"{schema_path}: const/enum value {value!r} (only strings, integers, booleans, "
+                                  "null)")
+    return value
+
+
+class _Compiler:
+    def __init__(self, registry: Any, base: str):
+        self.registry = registry
+        self.base = base
+        self.integer_paths: set[Path] = set()
+        self.numeric_paths: dict[Path, str] = {}
+        self.object_paths: set[Path] = set()
+
+    def resolve(self, ref: str, base: str) -> tuple[dict[str, Any], str]:
+        from urllib.parse import urljoin
+
+        uri = urljoin(base, ref)
+        document, _, pointer = uri.partition("#")
+        resolved = self.registry.contents(document)
+        for part in [p for p in pointer.split("/") if p]:
+            resolved = resolved[part]
+        return resolved, document
+
+    def compile(self, schema: Any, path: Path, base: str, where: str) -> Any:
+        if schema is True:
+            return TRUE
+        if not isinstance(schema, dict):
+            raise SchemaNotUnderstood(f"{where}: a schema must be an object, not {schema!r}")
+        unknown = set(schema) - KEYWORDS - ANNOTATIONS
+        if unknown:
+            raise SchemaNotUnderstood(f"{where}: keyword(s) {sorted(unknown)} not translated")
+        parts: list[Any] = []
+        if "$ref" in schema:
+            target, document = self.resolve(schema["$ref"], base)
+            parts.append(self.compile(target, path, document, f"{where}/$ref({schema['$ref']})"))
+        if "type" in schema:
+            types = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
+            if not set(types) <= TYPES:
+                raise SchemaNotUnderstood(f"{where}: type {sorted(set(types) - TYPES)} not translated")
+            if "integer" in types:
+                self.integer_paths.add(path)
+            if "object" in types:
+                self.object_paths.add(path)
+            parts.append(Check("type", path, tuple(types)))
+        if "const" in schema:
+            parts.append(Check("const", path, _string(where, schema["const"])))
+            self._numeric(path, [schema["const"]], where)
+        if "enum" in schema:
+            parts.append(Check("enum", path, tuple(_string(where, v) for v in schema["enum"])))
+            self._numeric(path, schema["enum"], where)
+        string = Check("type", path, ("string",))
+        for keyword, op in (("minLength", "min_length"), ("maxLength", "max_length")):
+            if keyword in schema:
+                parts.append(Cond(string, Check(op, path, int(schema[keyword]))))
+        if "pattern" in schema:
+            parts.append(Cond(string, Check("pattern", path, check_pattern(schema["pattern"], where))))
+        for keyword in ("minimum", "maximum"):
+            if keyword in schema:
+                if not isinstance(schema[keyword], int) or isinstance(schema[keyword], bool):
+                    raise SchemaNotUnderstood(f"{where}: {keyword} must be an integer")
+                self._numeric(path, [schema[keyword]], where)
+                parts.append(Cond(Check("type", path, ("integer",)), Check(keyword, path, schema[keyword])))
+        obj = Check("type", path, ("object",))
+        if "required" in schema:
+            parts.append(Cond(obj, All(tuple(Check("present", (*path, name)) for name in schema["required"]))))
+        properties = schema.get("properties", {})
+        for name, sub in properties.items():
+            parts.append(Cond(Check("present", (*path, name)),
+                              self.compile(sub, (*path, name), base, f"{where}/properties/{name}")))
+        if "additionalProperties" in schema:
+            if schema["additionalProperties"] is not False:
+                raise SchemaNotUnderstood(f"{where}: additionalProperties other than false")
+            parts.append(Cond(obj, Check("only_keys", path, tuple(properties))))
+        if "allOf" in schema:
+            parts.extend(self.compile(s, path, base, f"{where}/allOf/{k}") for k, s in enumerate(schema["allOf"]))
+        for keyword in ("anyOf", "oneOf"):
+            if keyword in schema:
+                items = tuple(self.compile(s, path, base, f"{where}/{keyword}/{k}")
+                              for k, s in enumerate(schema[keyword]))
+                parts.append(AnyOf(items, keyword == "oneOf", self._discriminator(schema[keyword], path, base)))
+        if "not" in schema:
+            parts.append(Not(self.compile(schema["not"], path, base, f"{where}/not")))
+        if "if" in schema:
+            parts.append(Cond(self.compile(schema["if"], path, base, f"{where}/if"),
+                              self.compile(schema.get("then", True), path, base, f"{where}/then"),
+                              self.compile(schema.get("else", True), path, base, f"{where}/else")))
+        elif "then" in schema or "else" in schema:
+            raise SchemaNotUnderstood(f"{where}: then/else without if")
+        return parts[0] if len(parts) == 1 else All(tuple(parts))
+
+    def _numeric(self, path: Path, values: Iterable[Any], where: str) -> None:
+        if any(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            self.numeric_paths.setdefault(path, where)
+
+    def _discriminator(self, alternatives: list[Any], path: Path, base: str) -> tuple[Path, tuple[str, ...]] | None:
+        """The member every alternative requires with a distinct string const (``kind`` in event.json), if any."""
+        found: list[tuple[str, str]] = []
+        for alternative in alternatives:
+            schema = alternative
+            document = base
+            while isinstance(schema, dict) and set(schema) - ANNOTATIONS == {"$ref"}:
+                schema, document = self.resolve(schema["$ref"], document)
+            if not isinstance(schema, dict):
+                return None
+            names = [n for n, s in schema.get("properties", {}).items()
+                     if isinstance(s, dict) and isinstance(s.get("const"), str) and n in schema.get("required", ())]
+            if not names:
+                return None
+            found.append((names[0], schema["properties"][names[0]]["const"]))
+        names = {name for name, _ in found}
+        values = [value for _, value in found]
+        if len(names) != 1 or len(set(values)) != len(values):
+            return None
+        return (*path, names.pop()), tuple(values)
+
+
+def check_pattern(pattern: str, where: str = "pattern") -> str:
+    """``pattern`` when every engine reads it alike: anchors, literals, escaped punctuation, classes, quantifiers."""
+    token = re.compile(r"\^|\$|\[(?:\\.|[^\]\\])+\]|\\[^A-Za-z0-9]|[A-Za-z0-9_:~\-]|\{\d+(?:,\d*)?\}|[*+?]")
+    position = 0
+    while position < len(pattern):
+        match = token.match(pattern, position)
+        if match is None:
+            raise SchemaNotUnderstood(f"{where}: pattern {pattern!r} has a construct not translated at {position}")
+        text = match.group()
+        if text.startswith("[") and re.search(r"\\[A-Za-z]", text):
+            raise SchemaNotUnderstood(f"{where}: pattern {pattern!r}: class escapes are not translated")
+        position = match.end()
+    return pattern
+
+
+def dialect_pattern(pattern: str) -> str:
+    """The pattern for Java (Spark) and RE2 (DuckDB): ``$`` outside a class is the end of input (``\\z``)."""
+    out, in_class, i = [], False, 0
+    while i < len(pattern):
+        char = pattern[i]
+        if char == "\\":
+            out.append(pattern[i:i + 2])
+            i += 2
+            continue
+        in_class = True if char == "[" else False if char == "]" else in_class
+        out.append(r"\z" if char == "$" and not in_class else char)
+        i += 1
+    return "".join(out)
+
+
+@dataclass(frozen=True)
+class Compiled:
+    tree: Any
+    integer_paths: tuple[Path, ...]
+    object_paths: tuple[Path, ...]
+    kinds: dict[str, tuple[str, ...]]  # kind -> its member names (schema order)
+    object_members: dict[Path, dict[str, tuple[str, ...]]]  # object path -> kind -> member names
+
+
+@cache
+def compile_event() -> Compiled:
+    """``spec/schemas/trace/event.json`` compiled; raises ``SchemaNotUnderstood`` on anything not translated."""
+    from spec import SCHEMA_BASE, schema, schema_registry
+
+    registry = schema_registry()
+    base = SCHEMA_BASE + "trace/event.json"
+    compiler = _Compiler(registry, base)
+    tree = compiler.compile(schema("trace/event"), (), base, "trace/event.json")
+    stray = {p: w for p, w in compiler.numeric_paths.items() if p not in compiler.integer_paths}
+    if stray:
+        raise SchemaNotUnderstood(f"numeric const/enum/bounds on members not typed integer: {stray}")
+    kinds: dict[str, tuple[str, ...]] = {}
+    nested: dict[Path, dict[str, tuple[str, ...]]] = {}
+    for kind in schema("trace/event")["properties"]["kind"]["enum"]:
+        document = schema(f"trace/{kind}")
+        kinds[kind] = tuple(document["properties"])
+        for name, sub in document["properties"].items():
+            if isinstance(sub, dict) and "properties" in sub:
+                nested.setdefault((name,), {})[kind] = tuple(sub["properties"])
+    if set(nested) != {p for p in compiler.object_paths if p}:
+        raise SchemaNotUnderstood("object members must be plain objects with properties")
+    return Compiled(tree, tuple(sorted(compiler.integer_paths)), tuple(sorted(compiler.object_paths)), kinds, nested)
+
+
+def leaf_paths(tree: Any) -> list[Path]:
+    """Every member path a tree reads, in first-use order."""
+    seen: dict[Path, None] = {}
+
+    def walk(node: Any) -> None:
+        if isinstance(node, Check):
+            seen.setdefault(node.path, None)
+            if node.op == "only_keys":
+                for name in node.arg:
+                    seen.setdefault((*node.path, name), None)
+        elif isinstance(node, All | AnyOf):
+            for item in node.items:
+                walk(item)
+        elif isinstance(node, Not):
+            walk(node.item)
+        elif isinstance(node, Cond):
+            walk(node.when)
+            walk(node.then)
+            walk(node.otherwise)
+
+    walk(tree)
+    return [p for p in seen if p]
+
+
+# --- rendering --------------------------------------------------------------------------------------------------
+
+class Access:
+    """How a dialect reads an event's members. Every method returns a dialect expression; booleans are never null."""
+
+    def present(self, path: Path) -> Any:
+        raise NotImplementedError
+
+    def type_is(self, path: Path, types: tuple[str, ...]) -> Any:
+        raise NotImplementedError
+
+    def string(self, path: Path) -> Any:
+        raise NotImplementedError
+
+    def integer(self, path: Path) -> Any:
+        raise NotImplementedError
+
+    def boolean(self, path: Path) -> Any:
+        raise NotImplementedError
+
+    def unknown_member(self, path: Path, allowed: tuple[str, ...]) -> Any:
+        """The first member name of the object at ``path`` not in ``allowed``, or null."""
+        raise NotImplementedError
+
+
+class Dialect:
+    """Expression builders; ``Spark`` and ``DuckDB`` implement them."""
+
+    def lit(self, value: Any) -> Any:
+        raise NotImplementedError
+
+    def and_(self, items: list[Any]) -> Any:
+        raise NotImplementedError
+
+    def or_(self, items: list[Any]) -> Any:
+        raise NotImplementedError
+
+    def not_(self, item: Any) -> Any:
+        raise NotImplementedError
+
+    def when(self, branches: list[tuple[Any, Any]], otherwise: Any) -> Any:
+        raise NotImplementedError
+
+    def coalesce(self, items: list[Any]) -> Any:
+        raise NotImplementedError
+
+    def eq(self, a: Any, b: Any) -> Any:
+        raise NotImplementedError
+
+    def cmp(self, a: Any, op: str, b: Any) -> Any:
+        raise NotImplementedError
+
+    def length(self, a: Any) -> Any:
+        raise NotImplementedError
+
+    def matches(self, a: Any, pattern: str) -> Any:
+        raise NotImplementedError
+
+    def concat(self, items: list[Any]) -> Any:
+        raise NotImplementedError
+
+    def is_null(self, a: Any) -> Any:
+        raise NotImplementedError
+
+    def true(self, a: Any) -> Any:
+        """``a`` with null read as false."""
+        return self.coalesce([a, self.lit(False)])
+
+    def count_true(self, items: list[Any]) -> Any:
+        raise NotImplementedError
+
+
+def _value_test(d: Dialect, a: Access, path: Path, value: Any) -> Any:
+    if value is None:
+        return a.type_is(path, ("null",))
+    if isinstance(value, bool):
+        return d.and_([a.type_is(path, ("boolean",)), d.true(d.eq(a.boolean(path), d.lit(value)))])
+    if isinstance(value, int):
+        return d.and_([a.type_is(path, ("integer",)), d.true(d.eq(a.integer(path), d.lit(value)))])
+    return d.and_([a.type_is(path, ("string",)), d.true(d.eq(a.string(path), d.lit(value)))])
+
+
+def _show(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+class Renderer:
+    """Renders a tree as one dialect's ``valid`` (boolean) and ``explain`` (the first broken rule's message)."""
+
+    def __init__(self, dialect: Dialect, access: Access):
+        self.d = dialect
+        self.a = access
+
+    def valid(self, node: Any) -> Any:
+        d, a = self.d, self.a
+        if isinstance(node, Check):
+            return self._leaf(node)
+        if isinstance(node, All):
+            return d.and_([self.valid(item) for item in node.items]) if node.items else d.lit(True)
+        if isinstance(node, AnyOf):
+            if node.by is not None:
+                path, values = node.by
+                return d.when([(_value_test(d, a, path, v), self.valid(item))
+                               for v, item in zip(values, node.items, strict=True)], d.lit(False))
+            if node.one:
+                return d.eq(d.count_true([self.valid(item) for item in node.items]), d.lit(1))
+            return d.or_([self.valid(item) for item in node.items])
+        if isinstance(node, Not):
+            return d.not_(self.valid(node.item))
+        if isinstance(node, Cond):
+            return d.when([(self.valid(node.when), self.valid(node.then))], self.valid(node.otherwise))
+        raise TypeError(node)
+
+    def _leaf(self, node: Check) -> Any:
+        d, a, path, arg = self.d, self.a, node.path, node.arg
+        if node.op == "present":
+            return a.present(path)
+        if node.op == "type":
+            return a.type_is(path, arg)
+        if node.op == "const":
+            return _value_test(d, a, path, arg)
+        if node.op == "enum":
+            return d.or_([_value_test(d, a, path, v) for v in arg])
+        if node.op == "min_length":
+            return d.true(d.cmp(d.length(a.string(path)), ">=", d.lit(arg)))
+        if node.op == "max_length":
+            return d.true(d.cmp(d.length(a.string(path)), "<=", d.lit(arg)))
+        if node.op == "pattern":
+            return d.true(d.matches(a.string(path), dialect_pattern(arg)))
+        if node.op == "minimum":
+            return d.true(d.cmp(a.integer(path), ">=", d.lit(arg)))
+        if node.op == "maximum":
+            return d.true(d.cmp(a.integer(path), "<=", d.lit(arg)))
+        if node.op == "only_keys":
+            return d.is_null(a.unknown_member(path, arg))
+        raise TypeError(node.op)
+
+    def explain(self, node: Any) -> Any:
+        """The message of the first rule ``node`` breaks, or null when it holds."""
+        d, a = self.d, self.a
+        if isinstance(node, Check):
+            message = self._message(node)
+            return d.when([(self._leaf(node), d.lit(None))], message)
+        if isinstance(node, All):
+            return d.coalesce([self.explain(item) for item in node.items]) if node.items else d.lit(None)
+        if isinstance(node, AnyOf):
+            if node.by is not None:
+                path, values = node.by
+                return d.when([(_value_test(d, a, path, v), self.explain(item))
+                               for v, item in zip(values, node.items, strict=True)],
+                              d.lit(f"{member(path)}: must be one of {_show(list(values))}"))
+            if node.one:
+                count = d.count_true([self.valid(item) for item in node.items])
+                return d.when([(d.eq(count, d.lit(1)), d.lit(None)), (d.eq(count, d.lit(0)), self._none_of(node))],
+                              d.lit(f"{self._where(node)}: matches more than one oneOf alternative"))
+            return d.when([(self.valid(node), d.lit(None))], self._none_of(node))
+        if isinstance(node, Not):
+            return d.when([(self.valid(node.item), d.lit(f"{self._where(node)}: must not be {self._what(node.item)}"))],
+                          d.lit(None))
+        if isinstance(node, Cond):
+            return d.when([(self.valid(node.when), self.explain(node.then))], self.explain(node.otherwise))
+        raise TypeError(node)
+
+    def _none_of(self, node: AnyOf) -> Any:
+        return self.d.lit(f"{self._where(node)}: must be {' or '.join(self._what(i) for i in node.items)}")
+
+    def _where(self, node: Any) -> str:
+        paths = leaf_paths(node) if not isinstance(node, Check) else [node.path]
+        return member(paths[0]) if paths else "event"
+
+    def _what(self, node: Any) -> str:
+        if isinstance(node, Check):
+            return {"const": lambda: _show(node.arg), "enum": lambda: f"one of {_show(list(node.arg))}",
+                    "type": lambda: " or ".join(node.arg), "present": lambda: "present",
+                    }.get(node.op, lambda: node.op)()
+        if isinstance(node, All) and len(node.items) == 1:
+            return self._what(node.items[0])
+        if isinstance(node, Cond) and node.otherwise == TRUE:
+            return self._what(node.then)
+        return "its alternative"
+
+    def _message(self, node: Check) -> Any:
+        d, name, arg = self.d, member(node.path), node.arg
+        text = {
+            "present": f"{name}: required member missing",
+            "type": f"{name}: must be {' or '.join(arg or ())} (type)",
+            "const": f"{name}: must be {_show(arg)} (const)",
+            "enum": f"{name}: must be one of {_show(list(arg or ()))} (enum)",
+            "min_length": f"{name}: at least {arg} characters (minLength)",
+            "max_length": f"{name}: at most {arg} characters (maxLength)",
+            "pattern": f"{name}: must match {arg} (pattern)",
+            "minimum": f"{name}: must be at least {arg} (minimum)",
+            "maximum": f"{name}: must be at most {arg} (maximum)",
+        }.get(node.op)
+        if node.op == "only_keys":
+            return d.concat([d.lit(f"{'' if not node.path else name + '.'}"), self.a.unknown_member(node.path, arg),
+                             d.lit(": member not allowed (additionalProperties: false)")])
+        return d.lit(text)
+
+
+# --- Python evaluation of the tree (tests hold it to jsonschema) -------------------------------------------------
+
+def json_type(value: Any) -> str:
+    """The tree's JSON type of a parsed value (``integer`` only for an int64 integer literal)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int) and not isinstance(value, FloatLiteral):
+        return "integer" if INT64[0] <= value <= INT64[1] else "number"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return "object" if isinstance(value, dict) else "array"
+
+
+class FloatLiteral(float):
+    """A JSON number written with a fraction or an exponent (``json.loads(parse_float=FloatLiteral)``)."""
+
+
+def evaluate(node: Any, event: Any) -> bool:
+    """Whether ``event`` (parsed JSON) satisfies ``node``."""
+
+    def get(path: Path) -> tuple[bool, Any]:
+        value = event
+        for name in path:
+            if not isinstance(value, dict) or name not in value:
+                return False, None
+            value = value[name]
+        return True, value
+
+    def leaf(check: Check) -> bool:
+        present, value = get(check.path)
+        if check.op == "present":
+            return present
+        if not present:
+            return False
+        kind = json_type(value)
+        if check.op == "type":
+            return kind in check.arg
+        if check.op in ("const", "enum"):
+            return any(json_type(v) == kind and v == value for v in
+                       ([check.arg] if check.op == "const" else check.arg))
+        if check.op == "min_length":
+            return kind == "string" and len(value) >= check.arg
+        if check.op == "max_length":
+            return kind == "string" and len(value) <= check.arg
+        if check.op == "pattern":
+            from spec import ecma_pattern
+
+            return kind == "string" and ecma_pattern(check.arg).search(value) is not None
+        if check.op == "minimum":
+            return kind == "integer" and value >= check.arg
+        if check.op == "maximum":
+            return kind == "integer" and value <= check.arg
+        if check.op == "only_keys":
+            return kind == "object" and set(value) <= set(check.arg)
+        raise TypeError(check.op)
+
+    def walk(n: Any) -> bool:
+        if isinstance(n, Check):
+            return leaf(n)
+        if isinstance(n, All):
+            return all(walk(i) for i in n.items)
+        if isinstance(n, AnyOf):
+            hits = sum(walk(i) for i in n.items)
+            return hits == 1 if n.one else hits >= 1
+        if isinstance(n, Not):
+            return not walk(n.item)
+        if isinstance(n, Cond):
+            return walk(n.then) if walk(n.when) else walk(n.otherwise)
+        raise TypeError(n)
+
+    return walk(node)
+
+
+# --- the line rules in Python (the oracle's reading) -------------------------------------------------------------
+
+_LONE = (re.compile(ESCAPED_BACKSLASH), re.compile(SURROGATE_PAIR), re.compile(SURROGATE))
+_BLANK = re.compile(BLANK_PATTERN)
+
+
+class _Object(dict):
+    duplicated: bool = False
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> _Object:
+    obj = _Object(pairs)
+    obj.duplicated = len(obj) != len(pairs)
+    return obj
+
+
+def _constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def has_lone_surrogate(text: str) -> bool:
+    neutral = _LONE[1].sub("__", _LONE[0].sub("__", text))
+    return _LONE[2].search(neutral) is not None
+
+
+def parse_line(raw: bytes, terminated: bool, check_schema: Callable[[dict[str, Any]], str | None]
+               ) -> tuple[dict[str, Any] | None, str | None, str | None]:
+    """One JSONL line -> (event, None, None) or (None, reason, message); ``check_schema`` returns a message or None.
+
+    The oracle's implementation of the line rules, with Python's own parser; Spark and DuckDB state the same rules
+    with theirs (``spark_checks._spark_input``, ``spark_checks.duck``).
+    """
+    event, reason, message = _parse_line(raw, check_schema)
+    if reason in TORN and not terminated:
+        return None, TORN_TAIL, TORN_MESSAGE
+    return event, reason, message
+
+
+def _parse_line(raw: bytes, check_schema: Callable[[dict[str, Any]], str | None]
+                ) -> tuple[dict[str, Any] | None, str | None, str | None]:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return None, "not_utf8", f"byte {exc.start}: {REASONS['not_utf8']}"
+    if _BLANK.match(text):
+        return None, "blank", REASONS["blank"]
+    if text.startswith("\ufeff"):
+        return None, "bom", REASONS["bom"]
+    if has_lone_surrogate(text):
+        return None, "lone_surrogate", REASONS["lone_surrogate"]
+    try:
+        event = json.loads(text, object_pairs_hook=_pairs, parse_constant=_constant, parse_float=FloatLiteral)
+    except (ValueError, RecursionError) as exc:
+        return None, "not_json", f"{REASONS['not_json']}: {exc}"
+    if not isinstance(event, dict):
+        return None, "not_object", f"{REASONS['not_object']} ({json_type(event)})"
+    compiled = compile_event()
+    for path in ((), *compiled.object_paths):
+        value: Any = event
+        for name in path:
+            value = value.get(name) if isinstance(value, dict) else None
+        if isinstance(value, _Object) and value.duplicated:
+            return None, "duplicate_member", f"{member(path)}: a member name appears twice"
+    for path in compiled.integer_paths:
+        value = event
+        for name in path:
+            value = value.get(name) if isinstance(value, dict) else None
+        if json_type(value) == "number":
+            return None, "integer_literal", f"{member(path)}: {REASONS['integer_literal']}"
+    problem = check_schema(event)
+    if problem is not None:
+        return None, "schema", problem
+    return event, None, None
+
+
+__all__ = ["REASONS", "TORN", "TORN_TAIL", "Access", "Compiled", "Dialect", "Renderer", "SchemaNotUnderstood",
+           "compile_event", "evaluate", "json_type", "parse_line"]
