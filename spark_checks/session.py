@@ -81,7 +81,7 @@ def on_loopback(master: str) -> bool:
 def driver_settings(master: str, configured: Mapping[str, str], driver_host: str | None = None,
                     bind_address: str | None = None) -> dict[str, str]:
     """The driver address settings for ``master``: 127.0.0.1 when every executor is on this machine, else the
-    driver host given or configured.
+    driver host given or configured; a driver on loopback runs without web UI.
 
     Args:
         configured: the settings the driver already has (spark-defaults.conf, spark-submit's command line).
@@ -95,8 +95,7 @@ def driver_settings(master: str, configured: Mapping[str, str], driver_host: str
     host = driver_host or configured.get("spark.driver.host")
     bind = bind_address or configured.get("spark.driver.bindAddress")
     if (is_local(master) or on_loopback(master)) and host is None:
-        return {"spark.driver.host": LOOPBACK, "spark.driver.bindAddress": bind or LOOPBACK,
-                "spark.ui.enabled": "false"}
+        host, bind = LOOPBACK, bind or LOOPBACK
     if host is None:
         raise DriverUnreachable(
             f"the executors of {master} connect back to this driver, and no address for it is set: give the address "
@@ -104,7 +103,10 @@ def driver_settings(master: str, configured: Mapping[str, str], driver_host: str
             f"listen on another interface than that, --driver-bind-address ADDRESS (spark.driver.bindAddress); "
             f"behind a firewall also fix and open spark.driver.port and spark.blockManager.port "
             f"(spark-defaults.conf or --conf)")
-    return {"spark.driver.host": host, **({"spark.driver.bindAddress": bind} if bind else {})}
+    settings = {"spark.driver.host": host, **({"spark.driver.bindAddress": bind} if bind else {})}
+    if is_loopback(bind or host):  # the web UI would not be: it listens on SPARK_LOCAL_IP, else on every interface
+        settings["spark.ui.enabled"] = "false"
+    return settings
 
 
 def spark_defaults() -> dict[str, str]:
