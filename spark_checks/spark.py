@@ -595,8 +595,10 @@ class SparkChecker:
         refs = {(r["e_node"], r["e_line"]) for r in rows} | {(r["r_node"], r["r_line"]) for r in rows
                                                              if r["r_node"] is not None}
         wanted = local_frame(spark, sorted(refs), "node string, line long")
+        # an event's place in its JSONL file, when the reader kept it (catalogue.evidence_entry)
+        columns = [*fmt.COLUMNS, *(c for c in ("file", "file_line") if c in ev.columns and c not in fmt.COLUMNS)]
         fetched = {(row["node"], row["line"]): row.asDict() for row in
-                   ev.join(F.broadcast(wanted), ["node", "line"]).select(*fmt.COLUMNS).collect()}
+                   ev.join(F.broadcast(wanted), ["node", "line"]).select(*columns).collect()}
         keep = self.evidence_events - 1
         row_subjects, delivery_subjects = [], []
         for vid, r in enumerate(rows):
@@ -628,7 +630,7 @@ class SparkChecker:
                 ((F.col("kind") == OT) | F.col("s_ipc"))
                 & (F.col("s_oid").isNull() | (F.col("outbox_id") == F.col("s_oid")))
                 & (F.struct("seq", "line") <= F.struct("s_seq", "s_line")))
-            for row in trimmed(joined.select("vid", *fmt.COLUMNS)):
+            for row in trimmed(joined.select("vid", *columns)):
                 prefixes[row["vid"]].append(row.asDict())
         if delivery_subjects:
             subjects = local_frame(spark, delivery_subjects, "vid int, s_mesh string, s_did string, "
@@ -637,7 +639,7 @@ class SparkChecker:
                 F.broadcast(subjects), (F.col("mesh") == F.col("s_mesh"))
                 & (F.col("delivery_id") == F.col("s_did"))).filter(
                 F.struct("node", "seq", "line") <= F.struct("s_node", "s_seq", "s_line"))
-            for row in trimmed(joined.select("vid", *fmt.COLUMNS)):
+            for row in trimmed(joined.select("vid", *columns)):
                 prefixes[row["vid"]].append(row.asDict())
         violations = []
         for vid, r in enumerate(rows):
