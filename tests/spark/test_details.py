@@ -57,11 +57,13 @@ def test_duckdb_reports_the_oracles_details_and_evidence(hand, traces):
 
 def test_evidence_is_in_file_order_with_each_events_place(hand):
     jsonl, parquet, _ = hand
-    for trace in (jsonl, parquet):
+    file = str(jsonl / "daemon-s.jsonl")
+    for trace, places in ((jsonl, [(file, 3), (file, 4)]), (parquet, [(None, None), (None, None)])):
         report = oracle.check(trace)
         (seq,) = [v for v in report.violations if v.invariant == "TRC-SEQ-MONOTONIC"]
         assert [(e["node"], e["line"], e["seq"], e["event"]["seq"]) for e in seq.evidence] == [
             ("daemon-s", 2, 5, 5), ("daemon-s", 3, 3, 3)]
+        assert [(e["file"], e["file_line"]) for e in seq.evidence] == places
         for violation in report.violations:
             places = [(e["node"], e["line"]) for e in violation.evidence]
             assert places == sorted(places), violation.invariant
@@ -69,14 +71,17 @@ def test_evidence_is_in_file_order_with_each_events_place(hand):
 
 
 def test_the_printer_shows_where_each_evidence_event_sits(hand):
-    _, parquet, _ = hand
-    document = oracle.check(parquet).as_dict()
-    (seq,) = [v for v in document["violations"] if v["invariant"] == "TRC-SEQ-MONOTONIC"]
-    assert evidence_lines(seq) == [
-        '  * daemon-s line 2 seq 5  {"v":1,"source":"daemon","node":"daemon-s","seq":5,"ts_ms":1767225600005,'
-        '"kind":"sse_event","event_id":3,"event":"message"}',
-        '  > daemon-s line 3 seq 3  {"v":1,"source":"daemon","node":"daemon-s","seq":3,"ts_ms":1767225600003,'
-        '"kind":"sse_event","event_id":4,"event":"message"}']
+    jsonl, parquet, _ = hand
+    events = ['{"v":1,"source":"daemon","node":"daemon-s","seq":5,"ts_ms":1767225600005,"kind":"sse_event",'
+              '"event_id":3,"event":"message"}',
+              '{"v":1,"source":"daemon","node":"daemon-s","seq":3,"ts_ms":1767225600003,"kind":"sse_event",'
+              '"event_id":4,"event":"message"}']
+    file = jsonl / "daemon-s.jsonl"
+    for trace, where in ((parquet, ("", "")), (jsonl, (f" {file}:3", f" {file}:4"))):
+        document = oracle.check(trace).as_dict()
+        (seq,) = [v for v in document["violations"] if v["invariant"] == "TRC-SEQ-MONOTONIC"]
+        assert evidence_lines(seq) == [f"  * daemon-s line 2 seq 5{where[0]}  {events[0]}",
+                                       f"  > daemon-s line 3 seq 3{where[1]}  {events[1]}"]
 
 
 def test_the_report_follows_its_schema(hand, traces):
