@@ -47,10 +47,11 @@ def test_duckdb_reports_the_oracles_details_and_evidence(hand, traces):
     pytest.importorskip("duckdb")
     from spark_checks import duck
 
-    _, parquet, want = hand
-    report = duck.check(parquet)
-    assert {(v.invariant, v.key): v.detail for v in report.violations} == want
-    assert same_answers(report, oracle.check(parquet)) == []
+    jsonl, parquet, want = hand
+    for trace in (jsonl, parquet):  # JSONL evidence carries file and file_line
+        report = duck.check([trace])
+        assert {(v.invariant, v.key): v.detail for v in report.violations} == want
+        assert same_answers(report, oracle.check(trace)) == []
     trace, _ = traces["all"]
     assert same_answers(duck.check(trace), oracle.check(trace)) == []
 
