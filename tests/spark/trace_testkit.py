@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -51,21 +52,41 @@ def fingerprint(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-class Daemon:
-    """Writes schema-shaped daemon events for one node, with seq = line."""
+class Node:
+    """Writes schema-shaped events for one node, with seq = line and ts_ms one ms apart unless ``wait`` says."""
+
+    source = ""
 
     def __init__(self, node: str, mesh: str = "mesh-skew"):
         self.node = node
         self.mesh = mesh
         self.seq = 0
+        self.ts = 1_767_225_600_000
         self.events: list[dict[str, Any]] = []
 
     def _emit(self, kind: str, **members: Any) -> dict[str, Any]:
-        event = {"v": 1, "source": "daemon", "node": self.node, "seq": self.seq, "ts_ms": 1_767_225_600_000 + self.seq,
-                 "kind": kind, **members}
+        event = {"v": 1, "source": self.source, "node": self.node, "seq": self.seq, "ts_ms": self.ts, "kind": kind,
+                 **members}
         self.seq += 1
+        self.ts += 1
         self.events.append(event)
         return event
+
+    def wait(self, ms: int) -> None:
+        self.ts += ms
+
+    def write_jsonl(self, directory: Path) -> Path:
+        """The events as ``<source>-<node>.jsonl`` in ``directory``, as the reference writes them."""
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"{self.source}-{self.node}.jsonl"
+        path.write_text("".join(json.dumps(event, separators=(",", ":")) + "\n" for event in self.events))
+        return path
+
+
+class Daemon(Node):
+    """A daemon's outbox, IPC and inbox events."""
+
+    source = "daemon"
 
     def transition(self, outbox_id: str, cmid: str, fp: str, from_state: str, to_state: str, event: str,
                    table_row: str, attempts: int, broker_message_id: str | None = None) -> dict[str, Any]:
@@ -91,6 +112,41 @@ class Daemon:
     def repost(self, cmid: str, fp: str, outbox_id: str, times: int) -> None:
         for _ in range(times):
             self.decision(cmid, fp, "done", True, "IPC-DONE-MATCH", 200, outbox_id)
+
+    def inbox_insert(self, recipient: str, cmid: str, inserted: bool, inbox_seq: int | None,
+                     broker_message_id: str = "01JBROKERMESSAGE0000000001") -> dict[str, Any]:
+        return self._emit("inbox_insert", mesh=self.mesh, recipient=recipient, client_message_id=cmid,
+                          broker_message_id=broker_message_id, delivery_id=f"{broker_message_id}.0", inserted=inserted,
+                          inbox_seq=inbox_seq)
+
+
+class Broker(Node):
+    """A broker's accept decisions, commits, deliveries and acks."""
+
+    source = "broker"
+    member = "ab" * 32
+
+    def commit(self, cmid: str, fp: str, broker_message_id: str, recipients: int = 1) -> dict[str, Any]:
+        return self._emit("accept_commit", mesh=self.mesh, client_message_id=cmid,
+                          broker_message_id=broker_message_id, request_fingerprint=fp, destination_kind="topic",
+                          destination_ref="general", effects={"dedupe": 1, "message": 1, "history": 1,
+                                                              "delivery": recipients}, recipients=recipients)
+
+    def decision(self, cmid: str, fp: str, table_row: str, broker_message_id: str | None) -> dict[str, Any]:
+        phase, status = {"BRK-ACCEPT": ("B3", 201), "BRK-DUP-MATCH": ("dedupe", 200),
+                         "BRK-DUP-MISMATCH": ("dedupe", 409)}[table_row]
+        return self._emit("accept_decision", mesh=self.mesh, client_message_id=cmid, request_fingerprint=fp,
+                          table_row=table_row, phase=phase, status=status, broker_message_id=broker_message_id,
+                          member=self.member)
+
+    def delivery(self, cmid: str, broker_message_id: str, recipient: str, attempt: int) -> dict[str, Any]:
+        return self._emit("delivery", mesh=self.mesh, broker_message_id=broker_message_id, client_message_id=cmid,
+                          recipient=recipient, delivery_id=f"{broker_message_id}.0", attempt=attempt,
+                          lease_until_ms=self.ts + 30_000)
+
+    def ack(self, cmid: str, broker_message_id: str, recipient: str) -> dict[str, Any]:
+        return self._emit("delivery_ack", mesh=self.mesh, broker_message_id=broker_message_id,
+                          client_message_id=cmid, recipient=recipient, delivery_id=f"{broker_message_id}.0")
 
 
 def skewed_trace(root: Path) -> tuple[Path, set[tuple[str, tuple[tuple[str, str], ...]]]]:
