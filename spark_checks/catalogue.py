@@ -103,7 +103,7 @@ CATALOGUE: tuple[Invariant, ...] = (
         frozenset({"daemon"}), ("E-05", "E-14")),
     Invariant(
         "TRC-ONE-MESSAGE", "At most one broker message per (mesh, client_message_id)",
-        ("BRK-CONCURRENT-ONE-MESSAGE", "BRK-FIRST-INSERT", "BRK-DUP-MATCH"),
+        ("BRK-CONCURRENT-ONE-MESSAGE", "BRK-FIRST-INSERT"),
         ("mesh", "client_message_id"), ("accept_decision", "accept_commit"), "pair", "duplicate_broker_message",
         "Per (mesh, client_message_id) the broker commits at most once, and every 201 or 200 accept_decision names "
         "the same broker_message_id. Reported with the first event naming the earliest and the latest message.",
