@@ -63,6 +63,7 @@ class Broker:
         self.codes = codes
         self.rates = rates
         self.message = mesh.sse["message"]
+        self.later = calendar.later
 
     def receive(self, daemon: Daemon, row: TracedRow, t: int, dest: Destination, dedupe: Dedupe, faults: bool
                 ) -> tuple[str, str | None]:
@@ -138,6 +139,10 @@ class Broker:
             lease = t + (FORCED_LEASE_MS if mode else min(LEASE_MS << min(attempt - 1, 10), LEASE_MAX_MS))
             push(t, DL, broker, bucket, (mesh, broker_message_id, client_message_id, node, delivery_id, attempt, lease))
             t_insert = t + 1 + int(rnd() * 4)
+            if mode == "delivery_attempt_repeated" and cell is None and attempt == 1:
+                mode = "repeat"  # the push is lost, and the next lease repeats attempt 1
+                t = lease
+                continue
             if (faults and rnd() < p_push_lost) or outages.covering(t_insert) >= 0:
                 t, attempt = lease, attempt + 1
                 continue
@@ -145,12 +150,17 @@ class Broker:
             if inserted:
                 cell = [None]
                 push(t_insert, SSE, node, self.mesh.node_bucket[r], self.message)
-            push(t_insert, INBOX, node, bucket,
-                 (node, mesh, client_message_id, broker_message_id, delivery_id, inserted, cell))
+            payload = (node, mesh, client_message_id, broker_message_id, delivery_id, inserted, cell)
+            if mode == "inbox_seq_misnamed" and attempt == 2:  # names the seq after the row's, once that is known
+                self.later(t_insert, lambda ts, held=cell, p=payload: push(ts, INBOX, node, bucket,
+                                                                           (*p[:-1], [held[0] + 1])))
+            else:
+                push(t_insert, INBOX, node, bucket, payload)
             if mode == "unacked_delivery":
                 return delivery_id
             t_ack = t_insert + 1 + int(rnd() * 4)
-            lost = (faults and rnd() < p_ack_lost) or (mode == "duplicate_inbox_row" and attempt == 1)
+            lost = (faults and rnd() < p_ack_lost) or (mode in ("duplicate_inbox_row", "inbox_seq_misnamed")
+                                                       and attempt == 1)
             if lost or outages.first_between(t_insert, t_ack) >= 0:
                 t, attempt = lease, attempt + 1
                 continue

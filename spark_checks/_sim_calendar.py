@@ -7,8 +7,9 @@ pushed in. A ``CALLBACK`` entry runs a deferred piece of a story instead of emit
 being drained). Draining stops once the mesh's share of events is emitted: cutting in time order keeps every
 invariant true at the cut.
 
-An armed SSE fault (``sse_faults``) is played on the node's next eligible ``sse_event``: its ``seq`` or its
-``event_id`` goes one back, and ``played_sse_faults`` records which fault was played where.
+An armed node fault (``node_faults``) is played on the node's next eligible event: a seq or event-id fault on its
+next ``sse_event`` (its ``seq`` or its ``event_id`` goes one back), an inbox fault on its next inserted
+``inbox_insert`` (its ``inbox_seq`` repeats the one before); ``played_faults`` records which fault was played where.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from ._sim_trace import INBOX, SSE, Sink
 
 SLOT_SHIFT = 10  # calendar slots of 1024 ms
 CALLBACK = -1
+SSE_FAULTS = ("non_monotonic_seq", "non_monotonic_event_id")
+INBOX_FAULTS = ("inbox_seq_reused",)
 
 
 class Calendar:
@@ -35,8 +38,8 @@ class Calendar:
         self.event_ids = [0] * nodes
         self.inbox_seqs = [0] * nodes
         self.last_ts = [0] * nodes
-        self.sse_faults: list[tuple[str, int]] = []  # (kind, node) armed for the next eligible sse_event
-        self.played_sse_faults: list[tuple[str, int]] = []
+        self.node_faults: list[tuple[str, int]] = []  # (kind, node) armed for the node's next eligible event
+        self.played_faults: list[tuple[str, int]] = []
         self.slots: dict[int, list[tuple[Any, ...]]] = {}
         self.slot_heap: list[int] = []
         self.cur_slot: int | None = None
@@ -107,6 +110,8 @@ class Calendar:
                     recipient, mesh, cmid, bmid, did, inserted, cell = payload
                     if inserted:
                         value = self.inbox_seqs[local] + 1
+                        if self.node_faults and value > 1:
+                            value -= self._play(node, INBOX_FAULTS)
                         self.inbox_seqs[local] = value
                         cell[0] = value
                     payload = (recipient, mesh, cmid, bmid, did, inserted, cell[0])
@@ -126,15 +131,20 @@ class Calendar:
         """(the seq to trace, (line, event_id, code)) of an SSE event; plays an armed seq or event-id fault."""
         line = seq
         event_id = self.event_ids[local] + 1
-        if self.sse_faults and seq > 0 and event_id > 1:
-            for k, (fault, fault_node) in enumerate(self.sse_faults):
-                if fault_node == node:
-                    if fault == "non_monotonic_seq":
-                        seq -= 1
-                    else:
-                        event_id -= 1
-                    del self.sse_faults[k]
-                    self.played_sse_faults.append((fault, node))
-                    break
+        if self.node_faults and seq > 0 and event_id > 1:
+            fault = self._play(node, SSE_FAULTS)
+            if fault == 1:
+                seq -= 1
+            elif fault == 2:
+                event_id -= 1
         self.event_ids[local] = max(self.event_ids[local], event_id)
         return seq, (line, event_id, code)
+
+    def _play(self, node: int, faults: tuple[str, ...]) -> int:
+        """Play the first fault of ``faults`` armed for ``node``: its 1-based position in ``faults``, 0 if none."""
+        for k, (fault, fault_node) in enumerate(self.node_faults):
+            if fault_node == node and fault in faults:
+                del self.node_faults[k]
+                self.played_faults.append((fault, node))
+                return faults.index(fault) + 1
+        return 0

@@ -4,8 +4,8 @@ Theory of operation. ``happy`` plays one send without faults -- post, accept, di
 commit, the deliveries, the ack -- and plays the injected kind into it (see ``catalogue.INJECTIONS``). An injection
 waits for a send whose sender (and recipients) stay online through the story, so nothing else gets in its way. Each
 one is recorded with the key a checker must report, and is realised only when the trace reaches the events it
-needs (a mesh cut by its event budget may drop it); the seq and event-id faults are armed in the calendar and
-realised when it plays them. The manifest lists realised and dropped injections apart.
+needs (a mesh cut by its event budget may drop it); the seq, event-id and inbox-seq faults are armed in the
+calendar and realised when it plays them. The manifest lists realised and dropped injections apart.
 """
 
 from __future__ import annotations
@@ -18,7 +18,12 @@ from ._sim_core import Core
 from ._sim_mesh import Daemon, Mesh
 from ._sim_outbox import Outbox, TracedRow
 from ._sim_trace import DA, DL, OT
-from .catalogue import INJECTIONS
+from .catalogue import DEFAULT_ACK_GRACE_MS, DEFAULT_ACK_TIMEOUT_MS, INJECTIONS
+
+#: injections played on one recipient's deliveries (the mesh's first recipient of the send)
+DELIVERY_KINDS = ("unacked_delivery", "duplicate_inbox_row", "delivery_attempt_repeated", "inbox_seq_misnamed")
+#: faults the calendar plays on a node's next eligible event (see ``Calendar``)
+NODE_FAULTS = ("non_monotonic_seq", "non_monotonic_event_id", "inbox_seq_reused")
 
 
 @dataclass
@@ -51,9 +56,14 @@ class Injector:
         fingerprint = core.fingerprint(dest.kind, dest.ref, f"{cmid}:0")
         bucket = mesh.bucket(cmid)
         outbox.post(daemon, t0, cmid, fingerprint, bucket, "none", None, None)
+        if inject == "new_row_untraced":  # answered 202 with no row; the daemon's next send goes out as usual
+            daemon.sends += 1
+            return self.happy(daemon, t0 + 1, f"{daemon.short}-{daemon.sends:x}", dest)
         row = outbox.accept(daemon, t0, cmid, fingerprint, t0 + 1 if inject == "max_age_violated" else None, bucket)
         t = t0 + 5
         outbox.transition(daemon, row, t, "dispatch")
+        if inject == "inflight_unresolved":  # the frame is lost and the row never times out
+            return row
         t_broker = t + 3
         dedupe = Dedupe()
         if inject == "id_freed":
@@ -69,13 +79,16 @@ class Injector:
         broker.decision(t_broker, cmid, bucket, fingerprint, table_row, phase, int(http_status), broker_message_id,
                         daemon.node)
         for k, recipient in enumerate(dest.recipients):
-            mode = inject if k == 0 and inject in ("unacked_delivery", "duplicate_inbox_row") else ""
+            mode = inject if k == 0 and inject in DELIVERY_KINDS else ""
             delivery_id = broker.deliver(recipient, broker_message_id, cmid, bucket, t_broker, mode)
             if mode == "unacked_delivery":
                 self._record("unacked_delivery", {"mesh": mesh.name, "delivery_id": delivery_id},
                              needs_ts=t_broker + 20 + FORCED_LEASE_MS + mesh.params.redelivery_grace_ms,
                              needs_node=mesh.broker_node)
-            elif mode == "duplicate_inbox_row":
+            elif mode == "delivery_attempt_repeated":
+                self._record(mode, {"mesh": mesh.name, "delivery_id": delivery_id},
+                             needs_ts=t_broker + FORCED_LEASE_MS + 100, needs_node=mesh.broker_node)
+            elif mode in ("duplicate_inbox_row", "inbox_seq_misnamed"):
                 self._record(mode, {"recipient": mesh.daemons[recipient].pubkey, "client_message_id": cmid},
                              needs_ts=t_broker + FORCED_LEASE_MS + 100)
         t_ack = t_broker + 3
@@ -91,6 +104,11 @@ class Injector:
                        row.broker_message_id, None))
         elif inject == "ipc_decision_inconsistent":
             outbox.post(daemon, t_ack + 500, cmid, fingerprint, bucket, "pending", True, row.id)
+        elif inject == "mismatch_answered_duplicate":
+            duplicate = core.broker("ok", "same", "theirs", "match", "ok", "ok")
+            other = core.fingerprint(dest.kind, dest.ref, f"{cmid}:other")
+            broker.decision(t_ack + 2_000, cmid, bucket, other, duplicate[0], duplicate[1], int(duplicate[2]),
+                            broker_message_id, daemon.node)
         elif inject == "duplicate_broker_message":
             t_dup = t_ack + 2_000
             other = mesh.new_id(t_dup)
@@ -114,9 +132,9 @@ class Injector:
         """Play the next pending injection as ``daemon``'s send at ``t0`` if it is eligible; True when played."""
         mesh = self.mesh
         kind = self.pending[0]
-        if kind in ("non_monotonic_seq", "non_monotonic_event_id"):
+        if kind in NODE_FAULTS:
             self.pending.pop(0)
-            self.calendar.sse_faults.append((kind, daemon.node))
+            self.calendar.node_faults.append((kind, daemon.node))
             self.injections.append(Injection(kind, INJECTIONS[kind], {"node": daemon.name}, needs_ts=-1))
             return False
         if kind == "id_freed":
@@ -125,7 +143,7 @@ class Injector:
             subscribers = mesh.subscribers
             j = max(range(4), key=lambda j: sum(i != daemon.index for i in subscribers[j]))
             dest = Destination("topic", mesh.topics[j], tuple(i for i in subscribers[j] if i != daemon.index), True)
-            if not dest.recipients and kind in ("unacked_delivery", "duplicate_inbox_row", "delivery_uncommitted"):
+            if not dest.recipients and kind in (*DELIVERY_KINDS, "delivery_uncommitted"):
                 return False
         window = t0 + 8_000
         if not daemon.outages.online_through(t0, window) or not all(
@@ -137,17 +155,20 @@ class Injector:
         end = t0 + 5_000
         if kind in ("illegal_transition", "fingerprint_changed", "max_age_violated"):
             self._record(kind, {"node": daemon.name, "outbox_id": row.id}, end)
-        elif kind in ("ipc_decision_inconsistent", "id_freed"):
+        elif kind in ("ipc_decision_inconsistent", "id_freed", "new_row_untraced"):
             self._record(kind, {"node": daemon.name, "client_message_id": cmid}, end)
-        elif kind in ("duplicate_broker_message", "missing_side_effect", "done_without_message",
-                      "delivery_uncommitted"):
+        elif kind == "inflight_unresolved":
+            self._record(kind, {"node": daemon.name, "outbox_id": row.id},
+                         needs_ts=row.times[-1] + DEFAULT_ACK_TIMEOUT_MS + DEFAULT_ACK_GRACE_MS, needs_node=daemon.node)
+        elif kind in ("duplicate_broker_message", "mismatch_answered_duplicate", "missing_side_effect",
+                      "done_without_message", "delivery_uncommitted"):
             self._record(kind, {"mesh": mesh.name, "client_message_id": cmid}, end)
         return True
 
     def finish(self) -> None:
         """Once the mesh has run: which injections the trace realised, and the ones never played (dropped)."""
         calendar = self.calendar
-        for fault, node in calendar.played_sse_faults:
+        for fault, node in calendar.played_faults:
             for injection in self.injections:
                 if injection.kind == fault and injection.needs_ts < 0 and \
                         injection.key["node"] == self.mesh.node_names[node]:

@@ -30,6 +30,12 @@ KINDS = DAEMON_KINDS + BROKER_KINDS
 
 #: How long after a delivery's lease ran out the broker may take to deliver it again (its sweep interval), in ms.
 DEFAULT_REDELIVERY_GRACE_MS = 5_000
+#: How long a daemon waits for a dispatched row's ack before ack_timeout, in ms: the reference daemon's default
+#: ``[outbox] ack_timeout_s`` (15 s). The spec leaves it to configuration and the trace does not record it, so a check
+#: of a daemon configured with a longer one must be told (``--ack-timeout-ms``).
+DEFAULT_ACK_TIMEOUT_MS = 15_000
+#: How late after its ack timeout a daemon may trace an inflight row's resolution (its loop's turn), in ms.
+DEFAULT_ACK_GRACE_MS = 5_000
 #: The evidence of a ``prefix`` violation keeps the subject's first event and the events just before the violation.
 DEFAULT_EVIDENCE_EVENTS = 16
 
@@ -102,12 +108,45 @@ CATALOGUE: tuple[Invariant, ...] = (
         "(OB-PENDING-MAX-AGE) at or before it.",
         frozenset({"daemon"}), ("E-05", "E-14")),
     Invariant(
+        "TRC-NEW-ROW-TRACED", "The row a 202 IPC-NEW inserted is traced",
+        ("IPC-NEW-ROW", "FP-FROZEN", "ID-CONSUMED-NEVER-FREED"),
+        ("node", "client_message_id"), ("ipc_decision", "outbox_transition"), "pair", "new_row_untraced",
+        "Per (node, client_message_id), the first event after a 202 IPC-NEW ipc_decision (seq order) that is an "
+        "outbox_transition or an ipc_decision with row_state `none` is a transition carrying the decision's "
+        "request_fingerprint (and its outbox_id when the decision names one): the row's accept (`none -> pending`) "
+        "or, for a daemon stopped between the two events (the reference writes the decision first, both after the "
+        "one commit) and restarted, a later transition of the same row; never a lookup that finds no row. When "
+        "neither follows, the daemon must not have dispatched a row it created after the decision (one that became "
+        "due after this one, which was due when it was accepted).",
+        frozenset({"daemon"}), ("E-32",)),
+    Invariant(
+        "TRC-INFLIGHT-RESOLVED", "Every inflight row is resolved",
+        ("OBX-BROKER-OUTCOMES", "REC-INFLIGHT-TO-PENDING"),
+        ("node", "outbox_id"), ("outbox_transition",), "pair", "inflight_unresolved",
+        "Per (node, outbox_id) whose last traced transition leaves the row `inflight` (a dispatch): its ts_ms plus "
+        "the ack timeout (`--ack-timeout-ms`, 15 s, the reference daemon's default [outbox] ack_timeout_s; the "
+        "trace does not record it) plus a grace (`--ack-grace-ms`, 5 s) is not before the daemon node's last traced "
+        "ts_ms. An inflight row is acked, times out (ack_timeout), loses its link (link_lost) or is recovered at the "
+        "next start (crash_recovery, traced before the daemon serves); a daemon stopped with it inflight traces "
+        "nothing after.",
+        frozenset({"daemon"}), ("E-16", "E-32")),
+    Invariant(
         "TRC-ONE-MESSAGE", "At most one broker message per (mesh, client_message_id)",
         ("BRK-CONCURRENT-ONE-MESSAGE", "BRK-FIRST-INSERT"),
         ("mesh", "client_message_id"), ("accept_decision", "accept_commit"), "pair", "duplicate_broker_message",
         "Per (mesh, client_message_id) the broker commits at most once, and every 201 or 200 accept_decision names "
         "the same broker_message_id. Reported with the first event naming the earliest and the latest message.",
         frozenset({"broker"})),
+    Invariant(
+        "TRC-DUP-FINGERPRINT", "A duplicate is answered by its fingerprint",
+        ("BRK-DUP-MATCH", "BRK-DUP-MISMATCH"),
+        ("mesh", "client_message_id"), ("accept_decision", "accept_commit"), "pair", "mismatch_answered_duplicate",
+        "Per (mesh, client_message_id), every BRK-DUP-MATCH accept_decision (200 duplicate) carries the "
+        "request_fingerprint of the broker's first accept_commit, and every BRK-DUP-MISMATCH one (409 "
+        "request_fingerprint_mismatch) carries another: drift ruled out (E-21), the fingerprint a frame claims is "
+        "the broker's own computation. Without a traced commit (the broker may stop between its commit and the "
+        "event) nothing is compared.",
+        frozenset({"broker"}), ("E-21",)),
     Invariant(
         "TRC-SIDE-EFFECTS", "Every commit has all its in-transaction side effects",
         ("BRK-ATOMIC", "BRK-FIRST-INSERT"),
@@ -138,12 +177,39 @@ CATALOGUE: tuple[Invariant, ...] = (
         "be acked or delivered again).",
         frozenset({"broker"})),
     Invariant(
+        "TRC-DELIVERY-ATTEMPTS", "A delivery's attempt grows with every lease",
+        ("BRK-REDELIVER-LEASE",),
+        ("mesh", "delivery_id"), ("delivery",), "pair", "delivery_attempt_repeated",
+        "Per (mesh, delivery_id), every delivery's attempt is higher than the one of the delivery before it "
+        "((node, seq) order): the broker adds one to the attempt it stores with the delivery row at every lease, "
+        "across restarts too (spec/schemas/trace/delivery.json: 1, then +1 per redelivery). A step of more than one "
+        "is no violation: it is a lease whose event was lost to a broker stopped between the lease's commit and the "
+        "event (E-32).",
+        frozenset({"broker"}), ("E-28", "E-32")),
+    Invariant(
         "TRC-ONE-INBOX-ROW", "At most one inbox row per (recipient, client_message_id)",
         ("INB-DEDUPE",),
         ("recipient", "client_message_id"), ("inbox_insert",), "pair", "duplicate_inbox_row",
         "Per (recipient, client_message_id) at most one inbox_insert has inserted = true; redeliveries are "
         "recorded with inserted = false.",
         frozenset({"daemon"})),
+    Invariant(
+        "TRC-INBOX-SEQ-NAMES-ROW", "A redelivery names the inbox row it found",
+        ("INB-DEDUPE",),
+        ("recipient", "client_message_id"), ("inbox_insert",), "pair", "inbox_seq_misnamed",
+        "Per (recipient, client_message_id), an inbox_insert with inserted = false and a non-null inbox_seq names "
+        "the row the inbox holds: the inbox_seq of an inbox_insert with inserted = true of the same (recipient, "
+        "client_message_id), reported with the first of those. Without a traced insert (the row predates the trace, "
+        "or the daemon stopped between its commit and the event) nothing is compared.",
+        frozenset({"daemon"}), ("E-12",)),
+    Invariant(
+        "TRC-INBOX-SEQ-MONOTONIC", "New inbox rows get strictly increasing inbox_seq",
+        ("INBOX-CURSOR", "INBOX-IDS-AFTER-RECREATE"),
+        ("node",), ("inbox_insert",), "pair", "inbox_seq_reused",
+        "Per daemon node, the inbox_seq of inbox_insert events with inserted = true strictly increases in file order "
+        "(the `line` column): every new row gets a new, higher seq, across restarts and in an inbox recreated after "
+        "a quarantine (E-45).",
+        frozenset({"daemon"}), ("E-12", "E-45")),
     Invariant(
         "TRC-SEQ-MONOTONIC", "Trace seq strictly increases per node",
         (),
@@ -275,6 +341,35 @@ DETAILS: dict[str, tuple[str, tuple[str, ...]]] = {
     "seq-not-increasing": ("seq %s at line %s after seq %s at line %s", ("e.seq", "e.line", "r.seq", "r.line")),
     "event_id-not-increasing": ("event_id %s (seq %s, line %s) after event_id %s (seq %s, line %s)",
                                 ("e.event_id", "e.seq", "e.line", "r.event_id", "r.seq", "r.line")),
+    # TRC-NEW-ROW-TRACED
+    "new-row-other-row": ("%s --%s--> %s of row %s with fingerprint %s follows %s %s (outbox_id %s) for "
+                          "fingerprint %s",
+                          ("e.from_state", "e.event", "e.to_state", "e.outbox_id", "e.request_fingerprint",
+                           "r.table_row", "r.http_status", "r.outbox_id", "r.request_fingerprint")),
+    "new-row-gone": ("%s %s found no row for client_message_id %s after %s %s at seq %s",
+                     ("e.table_row", "e.http_status", "e.client_message_id", "r.table_row", "r.http_status",
+                      "r.seq")),
+    "new-row-untraced": ("%s %s for client_message_id %s: no transition of its row follows, yet the daemon "
+                         "dispatched a row it created later (at seq %s)",
+                         ("e.table_row", "e.http_status", "e.client_message_id", "fact")),
+    # TRC-INFLIGHT-RESOLVED
+    "inflight-unresolved": ("row %s still inflight: dispatched at ts_ms %s (attempts %s), the daemon traced until %s",
+                            ("e.outbox_id", "e.ts_ms", "e.attempts", "fact")),
+    # TRC-DUP-FINGERPRINT
+    "dup-match-other-fingerprint": ("%s %s for fingerprint %s; the committed message %s has %s",
+                                    ("e.table_row", "e.status", "e.request_fingerprint", "r.broker_message_id",
+                                     "r.request_fingerprint")),
+    "dup-mismatch-same-fingerprint": ("%s %s for fingerprint %s, the one of the committed message %s",
+                                      ("e.table_row", "e.status", "e.request_fingerprint", "r.broker_message_id")),
+    # TRC-DELIVERY-ATTEMPTS
+    "attempt-not-increasing": ("delivery %s with attempt %s after attempt %s (seq %s)",
+                               ("e.delivery_id", "e.attempt", "r.attempt", "r.seq")),
+    # TRC-INBOX-SEQ-NAMES-ROW
+    "inbox-seq-misnamed": ("redelivery of client_message_id %s names inbox_seq %s; the row was inserted with "
+                           "inbox_seq %s", ("e.client_message_id", "e.inbox_seq", "r.inbox_seq")),
+    # TRC-INBOX-SEQ-MONOTONIC (``<column>-not-increasing``)
+    "inbox_seq-not-increasing": ("inbox_seq %s (seq %s, line %s) inserted after inbox_seq %s (seq %s, line %s)",
+                                 ("e.inbox_seq", "e.seq", "e.line", "r.inbox_seq", "r.seq", "r.line")),
 }
 
 

@@ -58,7 +58,7 @@ def _count(text: str) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from .catalogue import DEFAULT_REDELIVERY_GRACE_MS, INJECTIONS
+    from .catalogue import DEFAULT_ACK_GRACE_MS, DEFAULT_ACK_TIMEOUT_MS, DEFAULT_REDELIVERY_GRACE_MS, INJECTIONS
     from .format import DEFAULT_BUCKETS
 
     parser = argparse.ArgumentParser(prog="meshtrace", description="meshspec trace tools")
@@ -106,6 +106,10 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--limit", type=int, default=100, help="violations listed per invariant")
     check.add_argument("--chunk", type=int, default=None, help="Spark: events per window chunk of a heavy subject")
     check.add_argument("--redelivery-grace-ms", type=int, default=DEFAULT_REDELIVERY_GRACE_MS)
+    check.add_argument("--ack-timeout-ms", type=int, default=DEFAULT_ACK_TIMEOUT_MS,
+                       help="the traced daemons' ack timeout ([outbox] ack_timeout_s; the trace does not record it)")
+    check.add_argument("--ack-grace-ms", type=int, default=DEFAULT_ACK_GRACE_MS,
+                       help="how late after its ack timeout an inflight row's resolution may be traced")
 
     convert = sub.add_parser("convert", help="JSONL trace files -> Parquet dataset, or a dataset -> JSONL")
     convert.add_argument("paths", nargs="+")
@@ -191,15 +195,18 @@ def _run_check(args: argparse.Namespace):
         except DriverUnreachable as exc:
             raise InputError(str(exc)) from None
         report = SparkChecker(spark, chunk=args.chunk or DEFAULT_CHUNK, redelivery_grace_ms=args.redelivery_grace_ms,
-                              limit=args.limit).check(args.paths)
+                              limit=args.limit, ack_timeout_ms=args.ack_timeout_ms,
+                              ack_grace_ms=args.ack_grace_ms).check(args.paths)
         return report, lambda target, text: write_hadoop(spark, target, text)
     if args.engine == "duckdb":
         from .duck import check as duck_check
 
-        return duck_check(args.paths, redelivery_grace_ms=args.redelivery_grace_ms), write_local
+        return duck_check(args.paths, redelivery_grace_ms=args.redelivery_grace_ms,
+                          ack_timeout_ms=args.ack_timeout_ms, ack_grace_ms=args.ack_grace_ms), write_local
     from .oracle import Oracle
 
-    return Oracle(redelivery_grace_ms=args.redelivery_grace_ms).check(args.paths), write_local
+    return Oracle(redelivery_grace_ms=args.redelivery_grace_ms, ack_timeout_ms=args.ack_timeout_ms,
+                  ack_grace_ms=args.ack_grace_ms).check(args.paths), write_local
 
 
 def _verdict(command: str, events: int, reasons: dict[str, int], tolerate: str | None, where: str, otherwise: int

@@ -22,6 +22,8 @@ from typing import Any
 
 from .catalogue import (
     BY_ID,
+    DEFAULT_ACK_GRACE_MS,
+    DEFAULT_ACK_TIMEOUT_MS,
     DEFAULT_EVIDENCE_EVENTS,
     DEFAULT_REDELIVERY_GRACE_MS,
     EventRef,
@@ -36,7 +38,8 @@ def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def _candidates_sql(grace: int, seq_suspects: list[str]) -> str:
+def _candidates_sql(grace: int, seq_suspects: list[str],
+                    ack_window: int = DEFAULT_ACK_TIMEOUT_MS + DEFAULT_ACK_GRACE_MS) -> str:
     suspects = ", ".join(_literal(n) for n in seq_suspects) or "NULL"
     return f"""
 WITH
@@ -112,6 +115,50 @@ sse AS (
 seqs AS (
   SELECT node, seq, line, seq AS value, lag((seq, line, seq)) OVER (PARTITION BY node ORDER BY line, seq) AS prev
   FROM ev WHERE node IN ({suspects})),
+fresh AS (
+  SELECT *,
+    first_value(CASE WHEN is_ot OR st = 'none' THEN {{'seq': seq, 'line': line, 'is_ot': is_ot, 'fp': fp,
+                                                      'oid': oid}} END IGNORE NULLS)
+      OVER (PARTITION BY node, cmid ORDER BY seq, line ROWS BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING) AS nx
+  FROM (SELECT node, client_message_id AS cmid, seq, line, kind = 'outbox_transition' AS is_ot, outbox_id AS oid,
+               request_fingerprint AS fp, row_state AS st,
+               kind = 'ipc_decision' AND table_row = 'IPC-NEW' AND http_status = 202 AS is_new
+        FROM ev WHERE kind = 'outbox_transition'
+                      OR (kind = 'ipc_decision' AND (row_state = 'none' OR table_row = 'IPC-NEW')))),
+created AS (
+  SELECT node, max(made) AS later FROM (
+    SELECT node, outbox_id, min(seq) FILTER (WHERE from_state = 'none') AS made, bool_or(event = 'dispatch') AS sent
+    FROM ev WHERE kind = 'outbox_transition' GROUP BY ALL)
+  WHERE sent AND made IS NOT NULL GROUP BY node),
+inflight AS (
+  SELECT o.*, n.last_ts FROM (
+    SELECT node, outbox_id AS oid, arg_max((seq, line, to_state, ts_ms), (seq, line)) AS last
+    FROM ev WHERE kind = 'outbox_transition' GROUP BY ALL) o
+  JOIN node_end n ON n.node = o.node
+  WHERE o.last[3] = 'inflight'),
+dups AS (
+  SELECT d.*, c.first, d.fp IS NOT DISTINCT FROM c.first[4] AS same
+  FROM (SELECT mesh, client_message_id AS cmid, node, seq, line, table_row, request_fingerprint AS fp FROM ev
+        WHERE kind = 'accept_decision' AND table_row IN ('BRK-DUP-MATCH', 'BRK-DUP-MISMATCH')) d
+  JOIN (SELECT mesh, client_message_id AS cmid, arg_min((node, seq, line, request_fingerprint), (node, seq, line))
+               AS first
+        FROM ev WHERE kind = 'accept_commit' GROUP BY ALL) c ON d.mesh = c.mesh AND d.cmid = c.cmid),
+attempts AS (
+  SELECT mesh, delivery_id, node, seq, line, attempt,
+         lag((node, seq, line, attempt)) OVER (PARTITION BY mesh, delivery_id ORDER BY node, seq, line) AS prev
+  FROM ev WHERE kind = 'delivery'),
+misnamed AS (
+  SELECT f.*, r.first
+  FROM (SELECT recipient, client_message_id AS cmid, node, seq, line, inbox_seq FROM ev
+        WHERE kind = 'inbox_insert' AND NOT inserted AND inbox_seq IS NOT NULL) f
+  JOIN (SELECT recipient, client_message_id AS cmid, min((node, seq, line)) AS first, list(inbox_seq) AS held
+        FROM ev WHERE kind = 'inbox_insert' AND inserted GROUP BY ALL) r
+    ON f.recipient = r.recipient AND f.cmid = r.cmid
+  WHERE NOT list_contains(r.held, f.inbox_seq)),
+inbox_seqs AS (
+  SELECT node, seq, line, inbox_seq AS value,
+         lag((seq, line, inbox_seq)) OVER (PARTITION BY node ORDER BY line, seq) AS prev
+  FROM ev WHERE kind = 'inbox_insert' AND inserted AND inbox_seq IS NOT NULL),
 candidates AS (
   SELECT 'TRC-OUTBOX-LEGAL' AS invariant, node || '|' || oid AS k, node, seq, line,
          CASE WHEN same_row THEN node END AS r_node, CASE WHEN same_row THEN p.seq END AS r_seq,
@@ -193,7 +240,36 @@ candidates AS (
   FROM sse WHERE value <= prev[3]
   UNION ALL
   SELECT 'TRC-SEQ-MONOTONIC', node, node, seq, line, node, prev[1], prev[2], true, 'seq-not-increasing', NULL
-  FROM seqs WHERE value <= prev[3])
+  FROM seqs WHERE value <= prev[3]
+  UNION ALL
+  SELECT 'TRC-NEW-ROW-TRACED', node || '|' || cmid, node, nx.seq, nx.line, node, seq, line, false,
+         CASE WHEN nx.is_ot THEN 'new-row-other-row' ELSE 'new-row-gone' END, NULL
+  FROM fresh WHERE is_new AND nx IS NOT NULL
+                   AND (NOT nx.is_ot OR nx.fp IS DISTINCT FROM fp OR (oid IS NOT NULL AND nx.oid IS DISTINCT FROM oid))
+  UNION ALL
+  SELECT 'TRC-NEW-ROW-TRACED', f.node || '|' || f.cmid, f.node, f.seq, f.line, NULL, NULL, NULL, false,
+         'new-row-untraced', CAST(c.later AS VARCHAR)
+  FROM fresh f JOIN created c ON c.node = f.node WHERE f.is_new AND f.nx IS NULL AND c.later > f.seq
+  UNION ALL
+  SELECT 'TRC-INFLIGHT-RESOLVED', node || '|' || oid, node, last[1], last[2], NULL, NULL, NULL, false,
+         'inflight-unresolved', CAST(last_ts AS VARCHAR)
+  FROM inflight WHERE last[4] + {ack_window} < last_ts
+  UNION ALL
+  SELECT 'TRC-DUP-FINGERPRINT', mesh || '|' || cmid, node, seq, line, first[1], first[2], first[3], false,
+         CASE WHEN same THEN 'dup-mismatch-same-fingerprint' ELSE 'dup-match-other-fingerprint' END, NULL
+  FROM dups WHERE same <> (table_row = 'BRK-DUP-MATCH')
+  UNION ALL
+  SELECT 'TRC-DELIVERY-ATTEMPTS', mesh || '|' || delivery_id, node, seq, line, prev[1], prev[2], prev[3], false,
+         'attempt-not-increasing', NULL
+  FROM attempts WHERE attempt <= prev[4]
+  UNION ALL
+  SELECT 'TRC-INBOX-SEQ-NAMES-ROW', recipient || '|' || cmid, node, seq, line, first[1], first[2], first[3], false,
+         'inbox-seq-misnamed', NULL
+  FROM misnamed
+  UNION ALL
+  SELECT 'TRC-INBOX-SEQ-MONOTONIC', node, node, seq, line, node, prev[1], prev[2], true, 'inbox_seq-not-increasing',
+         NULL
+  FROM inbox_seqs WHERE value <= prev[3])
 SELECT invariant, k,
   arg_min((node, seq, line, r_node, r_seq, r_line, detail, fact),
           (CASE WHEN by_line THEN '' ELSE node END, CASE WHEN by_line THEN line ELSE seq END,
@@ -204,7 +280,8 @@ FROM candidates GROUP BY invariant, k
 
 def check(paths: str | Path | list[str] | list[Path], threads: int | None = None, memory_limit: str | None = None,
           redelivery_grace_ms: int = DEFAULT_REDELIVERY_GRACE_MS,
-          evidence_events: int = DEFAULT_EVIDENCE_EVENTS) -> Report:
+          evidence_events: int = DEFAULT_EVIDENCE_EVENTS, ack_timeout_ms: int = DEFAULT_ACK_TIMEOUT_MS,
+          ack_grace_ms: int = DEFAULT_ACK_GRACE_MS) -> Report:
     """Run the catalogue with DuckDB over the valid events of a trace (JSONL or Parquet, validated in SQL by
     ``_duck_input``); returns the violations with their evidence. Raises ``inputs.InputError`` for unusable input."""
     import duckdb
@@ -262,13 +339,15 @@ def check(paths: str | Path | list[str] | list[Path], threads: int | None = None
         con.executemany("INSERT INTO broker_meshes VALUES (?)", [(m,) for m in sorted(broker_meshes)])
     suspects = sorted(node for node, (low, high) in spread.items() if low != high)
     found = [(invariant_id, *first) for invariant_id, _, first in
-             con.execute(_candidates_sql(redelivery_grace_ms, suspects)).fetchall()]
+             con.execute(_candidates_sql(redelivery_grace_ms, suspects, ack_timeout_ms + ack_grace_ms)).fetchall()]
     counts = dict(Counter(candidate[0] for candidate in found))
     violations = _violations(con, found, evidence_events)
     con.close()
     shutil.rmtree(spill, ignore_errors=True)
     return Report("duckdb", ", ".join(map(str, paths)), events, sorted(sources), time.monotonic() - started,
-                  sort_violations(violations), counts, loaded.invalid, {"redelivery_grace_ms": redelivery_grace_ms},
+                  sort_violations(violations), counts, loaded.invalid,
+                  {"redelivery_grace_ms": redelivery_grace_ms, "ack_timeout_ms": ack_timeout_ms,
+                   "ack_grace_ms": ack_grace_ms},
                   sum(loaded.reasons.values()), loaded.reasons)
 
 

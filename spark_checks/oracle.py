@@ -38,6 +38,8 @@ from . import format as fmt
 from .catalogue import (
     BY_ID,
     CATALOGUE,
+    DEFAULT_ACK_GRACE_MS,
+    DEFAULT_ACK_TIMEOUT_MS,
     DEFAULT_EVIDENCE_EVENTS,
     DEFAULT_REDELIVERY_GRACE_MS,
     EventRef,
@@ -60,9 +62,12 @@ AC_COLUMNS = ("node", "seq", "line", "mesh", "client_message_id", "broker_messag
 DL_COLUMNS = ("node", "seq", "line", "mesh", "client_message_id", "broker_message_id", "delivery_id",
               "lease_until_ms")
 DA_COLUMNS = ("node", "seq", "line", "mesh", "delivery_id")
+DUP_COLUMNS = ("node", "seq", "line", "mesh", "client_message_id", "table_row", "request_fingerprint")
+ATTEMPT_COLUMNS = ("node", "seq", "line", "mesh", "delivery_id", "attempt")
+INBOX_SEQ_COLUMNS = ("node", "seq", "line", "recipient", "client_message_id", "inserted", "inbox_seq")
 II_COLUMNS = ("node", "seq", "line", "recipient", "client_message_id", "inserted")
 ALL_COLUMNS = sorted({"kind", "source", "event_id", *OT_COLUMNS, *IPC_COLUMNS, *AD_COLUMNS, *AC_COLUMNS,
-                      *DL_COLUMNS, *DA_COLUMNS, *II_COLUMNS})
+                      *DL_COLUMNS, *DA_COLUMNS, *II_COLUMNS, *DUP_COLUMNS, *ATTEMPT_COLUMNS, *INBOX_SEQ_COLUMNS})
 
 
 @dataclass
@@ -232,9 +237,12 @@ class Oracle:
     """Checks the whole catalogue in one process."""
 
     def __init__(self, redelivery_grace_ms: int = DEFAULT_REDELIVERY_GRACE_MS,
-                 evidence_events: int = DEFAULT_EVIDENCE_EVENTS):
+                 evidence_events: int = DEFAULT_EVIDENCE_EVENTS, ack_timeout_ms: int = DEFAULT_ACK_TIMEOUT_MS,
+                 ack_grace_ms: int = DEFAULT_ACK_GRACE_MS):
         self.grace = redelivery_grace_ms
         self.evidence_events = evidence_events
+        self.ack_timeout = ack_timeout_ms
+        self.ack_grace = ack_grace_ms
         self.tables = Tables()
 
     def check(self, paths: str | Path | list[str] | list[Path]) -> Report:
@@ -248,6 +256,7 @@ class Oracle:
         for table in _buckets(trace, invalid):
             self._bucket(table, state)
         self._finish(state)
+        self._settle_added(state)
         chosen = self._first(state.candidates)
         counts: dict[str, int] = defaultdict(int)
         for violation_key in chosen:
@@ -256,7 +265,8 @@ class Oracle:
         return Report("oracle", ", ".join(paths), state.events, sorted(state.sources),
                       time.monotonic() - started, sort_violations(violations), dict(counts),
                       [entry for _, entry in invalid.listed],
-                      {"redelivery_grace_ms": self.grace, "evidence_events": self.evidence_events},
+                      {"redelivery_grace_ms": self.grace, "evidence_events": self.evidence_events,
+                       "ack_timeout_ms": self.ack_timeout, "ack_grace_ms": self.ack_grace},
                       sum(invalid.reasons.values()), invalid.reasons)
 
     # --- one bucket -------------------------------------------------------------------------------------------
@@ -272,6 +282,12 @@ class Oracle:
         self._ledger(ot, ad, ac, dl, st)
         self._deliveries(dl, _tuples(table, "delivery_ack", DA_COLUMNS), st)
         self._inbox(_tuples(table, "inbox_insert", II_COLUMNS), st)
+        self._new_rows(ot, ipc, st)
+        self._inflight(ot, st)
+        self._duplicates(_tuples(table, "accept_decision", DUP_COLUMNS), _tuples(table, "accept_commit", DUP_COLUMNS),
+                         st)
+        self._attempts(_tuples(table, "delivery", ATTEMPT_COLUMNS), st)
+        self._inbox_seqs(_tuples(table, "inbox_insert", INBOX_SEQ_COLUMNS), st)
 
     def _node_level(self, table: pa.Table, st: _State) -> None:
         columns = table.select(["node", "line", "seq", "ts_ms", "source", "mesh", "kind", "event_id"]).to_pydict()
@@ -434,6 +450,130 @@ class Oracle:
                 self._add(st, "TRC-ONE-INBOX-ROW", (("recipient", recipient), ("client_message_id", cmid)),
                           max(refs), min(refs), "inbox-rows", [min(refs), max(refs)], fact=len(refs))
 
+    def _new_rows(self, ot: list[tuple[Any, ...]], ipc: list[tuple[Any, ...]], st: _State) -> None:
+        """TRC-NEW-ROW-TRACED: what follows each 202 IPC-NEW decision of a (node, client_message_id); a decision
+        followed by nothing of its row is decided at the end, against the rows its node created later and dispatched.
+        """
+        subjects: dict[tuple[str, str], list[tuple[int, int, bool, tuple[Any, ...]]]] = defaultdict(list)
+        for event in ot:
+            subjects[(event[0], event[5])].append((event[1], event[2], True, event))
+        for event in ipc:
+            if event[5] == "none" or (event[7] == "IPC-NEW" and event[8] == 202):
+                subjects[(event[0], event[3])].append((event[1], event[2], False, event))
+        for (node, _), events in subjects.items():
+            events.sort(key=lambda e: (e[0], e[1]))
+            following = None  # the next transition, or decision that found no row
+            for _, _, is_ot, event in reversed(events):
+                if not is_ot and event[7] == "IPC-NEW" and event[8] == 202:
+                    fp, oid = event[4], event[9]
+                    if following is None:
+                        st.untraced_new.append(event)
+                    elif not following[0]:
+                        self._add(st, "TRC-NEW-ROW-TRACED", (("node", node), ("client_message_id", event[3])),
+                                  following[1], event, "new-row-gone", [event, following[1]])
+                    elif following[1][7] != fp or (oid is not None and following[1][6] != oid):
+                        self._add(st, "TRC-NEW-ROW-TRACED", (("node", node), ("client_message_id", event[3])),
+                                  following[1], event, "new-row-other-row", [event, following[1]])
+                if is_ot or event[5] == "none":
+                    following = (is_ot, event)
+        created: dict[tuple[str, str], list[Any]] = defaultdict(lambda: [None, False])
+        for event in ot:
+            row = created[(event[0], event[6])]
+            if event[8] == "none" and (row[0] is None or event[1] < row[0]):
+                row[0] = event[1]
+            if event[10] == "dispatch":
+                row[1] = True
+        for (node, _), (seq, dispatched) in created.items():
+            if dispatched and seq is not None and seq > st.created_dispatched.get(node, -1):
+                st.created_dispatched[node] = seq
+
+    def _inflight(self, ot: list[tuple[Any, ...]], st: _State) -> None:
+        """TRC-INFLIGHT-RESOLVED: the rows whose last transition leaves them inflight (decided at the end, when each
+        daemon node's last ts is known)."""
+        last: dict[tuple[str, str], tuple[Any, ...]] = {}
+        for event in ot:
+            current = last.get((event[0], event[6]))
+            if current is None or (event[1], event[2]) > (current[1], current[2]):
+                last[(event[0], event[6])] = event
+        st.inflight.extend(event for event in last.values() if event[9] == "inflight")
+
+    def _duplicates(self, ad: list[tuple[Any, ...]], ac: list[tuple[Any, ...]], st: _State) -> None:
+        """TRC-DUP-FINGERPRINT: each BRK-DUP-MATCH / BRK-DUP-MISMATCH decision against the first commit."""
+        first: dict[tuple[str, str], tuple[Any, ...]] = {}
+        for event in ac:
+            current = first.get((event[3], event[4]))
+            if current is None or event[:3] < current[:3]:
+                first[(event[3], event[4])] = event
+        for event in ad:
+            commit = first.get((event[3], event[4]))
+            if commit is None or event[5] not in ("BRK-DUP-MATCH", "BRK-DUP-MISMATCH"):
+                continue
+            same = event[6] == commit[6]
+            if same != (event[5] == "BRK-DUP-MATCH"):
+                self._add(st, "TRC-DUP-FINGERPRINT", (("mesh", event[3]), ("client_message_id", event[4])), event,
+                          commit, "dup-mismatch-same-fingerprint" if same else "dup-match-other-fingerprint",
+                          sorted([event[:3], commit[:3]]))
+
+    def _attempts(self, dl: list[tuple[Any, ...]], st: _State) -> None:
+        """TRC-DELIVERY-ATTEMPTS: consecutive deliveries of a (mesh, delivery_id) in (node, seq) order."""
+        groups: dict[tuple[str, str], list[tuple[Any, ...]]] = defaultdict(list)
+        for event in dl:
+            groups[(event[3], event[4])].append(event)
+        for (mesh, did), events in groups.items():
+            events.sort()
+            for before, after in itertools.pairwise(events):
+                if after[5] <= before[5]:
+                    self._add(st, "TRC-DELIVERY-ATTEMPTS", (("mesh", mesh), ("delivery_id", did)), after, before,
+                              "attempt-not-increasing", [before[:3], after[:3]])
+                    break
+
+    def _inbox_seqs(self, ii: list[tuple[Any, ...]], st: _State) -> None:
+        """TRC-INBOX-SEQ-NAMES-ROW, and the inserted rows' inbox_seq per node for TRC-INBOX-SEQ-MONOTONIC (decided at
+        the end)."""
+        subjects: dict[tuple[str, str], list[tuple[Any, ...]]] = defaultdict(list)
+        for event in ii:
+            node, seq, line, recipient, cmid, inserted, inbox_seq = event
+            if inserted and inbox_seq is not None:
+                found = st.inbox_seqs.get(node)
+                if found is None:
+                    found = st.inbox_seqs[node] = (array("q"), array("q"), array("q"))
+                found[0].append(line)
+                found[1].append(inbox_seq)
+                found[2].append(seq)
+            if inserted or inbox_seq is not None:
+                subjects[(recipient, cmid)].append(event)
+        for (recipient, cmid), events in subjects.items():
+            rows = [e for e in events if e[5]]
+            if not rows:
+                continue
+            held = {e[6] for e in rows}
+            row = min(rows)
+            for event in events:
+                if not event[5] and event[6] not in held:
+                    self._add(st, "TRC-INBOX-SEQ-NAMES-ROW", (("recipient", recipient), ("client_message_id", cmid)),
+                              event, row, "inbox-seq-misnamed", sorted([event[:3], row[:3]]))
+
+    def _settle_added(self, st: _State) -> None:
+        """The end of TRC-NEW-ROW-TRACED, TRC-INFLIGHT-RESOLVED and TRC-INBOX-SEQ-MONOTONIC."""
+        for event in st.untraced_new:
+            later = st.created_dispatched.get(event[0], -1)
+            if later > event[1]:
+                self._add(st, "TRC-NEW-ROW-TRACED", (("node", event[0]), ("client_message_id", event[3])), event,
+                          None, "new-row-untraced", [event[:3]], fact=later)
+        for event in st.inflight:
+            end = st.node_end.get(event[0], 0)
+            if event[3] + self.ack_timeout + self.ack_grace < end:
+                self._add(st, "TRC-INFLIGHT-RESOLVED", (("node", event[0]), ("outbox_id", event[6])), event, None,
+                          "inflight-unresolved", [event[:3]], fact=end)
+        for node, (lines, values, seqs) in st.inbox_seqs.items():
+            order = sorted(range(len(lines)), key=lambda k: (lines[k], seqs[k]))
+            for a, b in itertools.pairwise(order):
+                if values[b] <= values[a]:
+                    self._add(st, "TRC-INBOX-SEQ-MONOTONIC", (("node", node),), (node, seqs[b], lines[b]),
+                              (node, seqs[a], lines[a]), "inbox_seq-not-increasing",
+                              [(node, seqs[a], lines[a]), (node, seqs[b], lines[b])], by_line=True)
+                    break
+
     # --- the end of the pass ----------------------------------------------------------------------------------
     def _finish(self, st: _State) -> None:
         for node, (lines, seqs) in st.lines.items():
@@ -548,6 +688,10 @@ class _State:
     aborted: dict[tuple[str, str], list[tuple[Any, ...]]] = field(default_factory=lambda: defaultdict(list))
     done_candidates: list[tuple[Any, ...]] = field(default_factory=list)
     delivery_candidates: list[tuple[Any, ...]] = field(default_factory=list)
+    untraced_new: list[tuple[Any, ...]] = field(default_factory=list)
+    created_dispatched: dict[str, int] = field(default_factory=dict)
+    inflight: list[tuple[Any, ...]] = field(default_factory=list)
+    inbox_seqs: dict[str, tuple[array, array, array]] = field(default_factory=dict)
     candidates: list[tuple[Any, ...]] = field(default_factory=list)
 
 

@@ -48,6 +48,8 @@ if __package__ in (None, ""):  # run as a file (spark-submit spark_checks/spark.
 from spark_checks import format as fmt
 from spark_checks.catalogue import (
     BY_ID,
+    DEFAULT_ACK_GRACE_MS,
+    DEFAULT_ACK_TIMEOUT_MS,
     DEFAULT_EVIDENCE_EVENTS,
     DEFAULT_REDELIVERY_GRACE_MS,
     EventRef,
@@ -122,10 +124,13 @@ class SparkChecker:
     """Runs the catalogue with Spark."""
 
     def __init__(self, spark: Any, chunk: int = DEFAULT_CHUNK, redelivery_grace_ms: int = DEFAULT_REDELIVERY_GRACE_MS,
-                 evidence_events: int = DEFAULT_EVIDENCE_EVENTS, limit: int | None = 100):
+                 evidence_events: int = DEFAULT_EVIDENCE_EVENTS, limit: int | None = 100,
+                 ack_timeout_ms: int = DEFAULT_ACK_TIMEOUT_MS, ack_grace_ms: int = DEFAULT_ACK_GRACE_MS):
         self.spark = spark
         self.chunk = chunk
         self.grace = redelivery_grace_ms
+        self.ack_timeout = ack_timeout_ms
+        self.ack_grace = ack_grace_ms
         self.evidence_events = evidence_events
         self.limit = limit
         self.tables = Tables()
@@ -177,6 +182,7 @@ class SparkChecker:
         return Report("spark", ", ".join(map(str, paths)), stats["events"], sorted(stats["sources"]),
                       time.monotonic() - started, sort_violations(violations), counts, [],
                       {"redelivery_grace_ms": self.grace, "evidence_events": self.evidence_events,
+                       "ack_timeout_ms": self.ack_timeout, "ack_grace_ms": self.ack_grace,
                        "chunk": self.chunk, "heavy_subjects": len(stats["heavy"]),
                        "master": self.spark.sparkContext.master, "timings": dict(self.timings)})
 
@@ -241,7 +247,8 @@ class SparkChecker:
     # --- candidates ---------------------------------------------------------------------------------------------
     def _candidates(self, ev, stats: dict[str, Any]):
         parts = [self._rows(ev, stats["heavy"]), self._messages(ev, stats), self._requeues(ev),
-                 self._ordered(ev.filter(ev.kind == "sse_event"), "event_id", "TRC-EVENT-IDS-MONOTONIC")]
+                 self._ordered(ev.filter(ev.kind == "sse_event"), "event_id", "TRC-EVENT-IDS-MONOTONIC"),
+                 self._gaps(ev, stats)]
         if stats["seq_suspects"]:
             parts.append(self._ordered(ev.filter(ev.node.isin(stats["seq_suspects"])), "seq", "TRC-SEQ-MONOTONIC"))
         result = parts[0]
@@ -584,6 +591,149 @@ class SparkChecker:
             invariant_id, F.col("ni"), zero, zero, head, tail, case, by_line=True)))
         return inside.unionByName(across)
 
+    def _gaps(self, ev, stats: dict[str, Any]):
+        """TRC-NEW-ROW-TRACED, TRC-INFLIGHT-RESOLVED, TRC-DUP-FINGERPRINT, TRC-DELIVERY-ATTEMPTS,
+        TRC-INBOX-SEQ-NAMES-ROW and TRC-INBOX-SEQ-MONOTONIC."""
+        from pyspark.sql import functions as F
+
+        ends = local_frame(self.spark, sorted(stats["node_end"].items()), "node string, end long").join(
+            self.node_ids, "node").select("ni", "end")
+        inserted = (F.col("kind") == "inbox_insert") & F.coalesce(F.col("inserted"), F.lit(False))
+        return (self._new_rows(ev, ends).unionByName(self._duplicates(ev)).unionByName(self._attempts(ev))
+                .unionByName(self._inbox_names(ev))
+                .unionByName(self._ordered(ev.filter(inserted & F.col("inbox_seq").isNotNull()), "inbox_seq",
+                                           "TRC-INBOX-SEQ-MONOTONIC")))
+
+    @staticmethod
+    def _hashed(column: str):
+        """A 64-bit hash of ``column`` that stays null for null (``xxhash64`` hashes null to its seed)."""
+        from pyspark.sql import functions as F
+
+        return F.when(F.col(column).isNotNull(), F.xxhash64(column))
+
+    def _new_rows(self, ev, ends):
+        """TRC-NEW-ROW-TRACED and TRC-INFLIGHT-RESOLVED.
+
+        What follows each 202 IPC-NEW decision is a window over (node, client_message_id) in descending seq order
+        (``last`` over the rows before: linear, where a frame of the rows after would rescan them), filtered to the
+        transitions and the decisions that found no row, so a re-posted hot id is not in it. One aggregation per
+        (node, outbox_id) gives each row's creation seq, whether it was dispatched and its last transition.
+        """
+        from pyspark.sql import Window
+        from pyspark.sql import functions as F
+
+        is_ot = F.col("kind") == OT
+        found_none = (F.col("kind") == IPC) & (F.col("row_state") == "none")
+        is_new = (F.col("kind") == IPC) & (F.col("table_row") == "IPC-NEW") & (F.col("http_status") == 202)
+        fresh = ev.filter(is_ot | found_none | is_new).select(
+            "ni", "seq", "line", F.xxhash64("client_message_id").alias("c1"), F.hash("client_message_id").alias("c2"),
+            self._hashed("outbox_id").alias("oid"), self._hashed("request_fingerprint").alias("fp"),
+            is_ot.alias("is_ot"), (is_ot | found_none).alias("follows"), is_new.alias("is_new"))
+        later = Window.partitionBy("ni", "c1", "c2").orderBy(F.col("seq").desc(), F.col("line").desc()) \
+            .rowsBetween(Window.unboundedPreceding, -1)
+        nx = F.last(F.when(F.col("follows"), F.struct("seq", "line", "is_ot", "fp", "oid")), ignorenulls=True)
+        fresh = fresh.select("*", nx.over(later).alias("nx")).filter(F.col("is_new"))
+        rows = ev.filter(is_ot).groupBy("ni", F.xxhash64("outbox_id").alias("o1"), F.hash("outbox_id").alias("o2")) \
+            .agg(F.min(F.when(F.col("from_state") == "none", F.col("seq"))).alias("made"),
+                 F.max(F.col("event") == "dispatch").alias("sent"),
+                 F.max(F.struct("seq", "line", F.col("to_state").alias("to"), "ts_ms")).alias("last"))
+        created = rows.filter(F.col("sent")).groupBy("ni").agg(F.max("made").alias("later"))
+        nxt, d = F.col("nx"), {"pk": self._pk(), "line": F.col("line")}
+        other = ~nxt["is_ot"] | ~nxt["fp"].eqNullSafe(F.col("fp")) | (
+            F.col("oid").isNotNull() & ~nxt["oid"].eqNullSafe(F.col("oid")))
+        gs, c1, c2 = F.col("ni"), F.col("c1"), F.col("c2")
+        followed = self._explode(fresh.filter(nxt.isNotNull()), (other, self._candidate(
+            "TRC-NEW-ROW-TRACED", gs, c1, c2, {"pk": self._pk(seq=nxt["seq"]), "line": nxt["line"]}, d,
+            F.when(nxt["is_ot"], "new-row-other-row").otherwise("new-row-gone"))))
+        untraced = self._explode(
+            fresh.filter(nxt.isNull()).join(F.broadcast(created), "ni"),
+            (F.col("later") > F.col("seq"), self._candidate("TRC-NEW-ROW-TRACED", gs, c1, c2, d, None,
+                                                            "new-row-untraced", fact=F.col("later"))))
+        window = self.ack_timeout + self.ack_grace
+        last = F.col("last")
+        unresolved = self._explode(
+            rows.filter(last["to"] == "inflight").join(F.broadcast(ends), "ni"),
+            (last["ts_ms"] + window < F.col("end"), self._candidate(
+                "TRC-INFLIGHT-RESOLVED", gs, F.col("o1"), F.col("o2"),
+                {"pk": self._pk(seq=last["seq"]), "line": last["line"]}, None, "inflight-unresolved",
+                fact=F.col("end"))))
+        return followed.unionByName(untraced).unionByName(unresolved)
+
+    def _duplicates(self, ev):
+        """TRC-DUP-FINGERPRINT: per (mesh, client_message_id, fingerprint) the first BRK-DUP-MATCH and BRK-DUP-MISMATCH
+        decision carrying it, then each compared with the subject's first commit (map-side aggregations and a join
+        of their small results: a retried id is not held in one task)."""
+        from pyspark.sql import functions as F
+
+        kind, row = F.col("kind"), F.col("table_row")
+        commit = kind == "accept_commit"
+        match = (kind == "accept_decision") & (row == "BRK-DUP-MATCH")
+        mismatch = (kind == "accept_decision") & (row == "BRK-DUP-MISMATCH")
+        point = F.struct(self._pk().alias("pk"), "line")
+        groups = ev.filter(commit | match | mismatch).select(
+            F.xxhash64("mesh", "client_message_id").alias("m1"), F.hash("mesh", "client_message_id").alias("m2"),
+            self._hashed("request_fingerprint").alias("fp"), point.alias("at"), commit.alias("commit"),
+            match.alias("match"), mismatch.alias("mismatch"))
+        by_fp = groups.groupBy("m1", "m2", "fp").agg(
+            *[F.min(F.when(F.col(flag), F.col("at"))).alias(flag) for flag in ("commit", "match", "mismatch")])
+        first = by_fp.filter(F.col("commit").isNotNull()).groupBy("m1", "m2").agg(
+            F.min(F.struct(F.col("commit").alias("at"), "fp")).alias("c"))
+        joined = by_fp.join(first, ["m1", "m2"])
+        same = F.col("fp").eqNullSafe(F.col("c.fp"))
+        blank, m1, m2 = F.lit(""), F.col("m1"), F.col("m2")
+        related = {"pk": F.col("c.at.pk"), "line": F.col("c.at.line")}
+        return self._explode(
+            joined,
+            (F.col("match").isNotNull() & ~same, self._candidate(
+                "TRC-DUP-FINGERPRINT", blank, m1, m2, F.col("match"), related, "dup-match-other-fingerprint")),
+            (F.col("mismatch").isNotNull() & same, self._candidate(
+                "TRC-DUP-FINGERPRINT", blank, m1, m2, F.col("mismatch"), related, "dup-mismatch-same-fingerprint")))
+
+    def _attempts(self, ev):
+        """TRC-DELIVERY-ATTEMPTS: consecutive deliveries of a (mesh, delivery_id) in (node, seq) order, as windows
+        over chunks of ``chunk`` seqs of one node, chunk boundaries on a per-chunk summary (a delivery redelivered
+        without end is never held in one task)."""
+        from pyspark.sql import Window
+        from pyspark.sql import functions as F
+
+        events = ev.filter(F.col("kind") == "delivery").select(
+            F.xxhash64("mesh", "delivery_id").alias("m1"), F.hash("mesh", "delivery_id").alias("m2"),
+            self._pk().alias("pk"), "line", F.col("attempt").cast("long").alias("attempt"),
+            F.shiftright(self._pk(), SEQ_BITS).alias("ni"), F.floor(F.col("seq") / self.chunk).alias("chunk"))
+        point = F.struct("pk", "line", "attempt")
+        w = Window.partitionBy("m1", "m2", "ni", "chunk").orderBy("pk", "line")
+        within = events.select("m1", "m2", point.alias("at"), F.lag(point).over(w).alias("prev"))
+        summary = events.groupBy("m1", "m2", "ni", "chunk").agg(F.min(point).alias("head"),
+                                                               F.max(point).alias("tail"))
+        ws = Window.partitionBy("m1", "m2").orderBy("ni", "chunk")
+        across = summary.select("m1", "m2", F.col("head").alias("at"), F.lag("tail").over(ws).alias("prev"))
+        blank, m1, m2 = F.lit(""), F.col("m1"), F.col("m2")
+        pairs = within.unionByName(across)
+        return self._explode(pairs, (F.col("at.attempt") <= F.col("prev.attempt"), self._candidate(
+            "TRC-DELIVERY-ATTEMPTS", blank, m1, m2, F.col("at"), F.col("prev"), "attempt-not-increasing")))
+
+    def _inbox_names(self, ev):
+        """TRC-INBOX-SEQ-NAMES-ROW: per (recipient, client_message_id, inbox_seq) whether an inserted row holds the
+        seq and the first redelivery naming it, then per (recipient, client_message_id) the first redelivery naming a
+        seq no inserted row holds (two map-side aggregations)."""
+        from pyspark.sql import functions as F
+
+        inserted = F.coalesce(F.col("inserted"), F.lit(False))
+        named = ~inserted & F.col("inbox_seq").isNotNull()
+        point = F.struct(self._pk().alias("pk"), "line")
+        by_seq = ev.filter((F.col("kind") == "inbox_insert") & (inserted | named)).select(
+            F.xxhash64("recipient", "client_message_id").alias("m1"),
+            F.hash("recipient", "client_message_id").alias("m2"), "inbox_seq", inserted.alias("inserted"),
+            named.alias("named"), point.alias("at")
+        ).groupBy("m1", "m2", "inbox_seq").agg(
+            F.max("inserted").alias("held"), F.min(F.when(F.col("inserted"), F.col("at"))).alias("row"),
+            F.min(F.when(F.col("named"), F.col("at"))).alias("named"))
+        subjects = by_seq.groupBy("m1", "m2").agg(
+            F.min("row").alias("row"), F.min(F.when(~F.col("held"), F.col("named"))).alias("bad"))
+        blank, m1, m2 = F.lit(""), F.col("m1"), F.col("m2")
+        return self._explode(subjects, (F.col("row").isNotNull() & F.col("bad").isNotNull(), self._candidate(
+            "TRC-INBOX-SEQ-NAMES-ROW", blank, m1, m2, F.col("bad"), F.col("row"), "inbox-seq-misnamed")))
+
     # --- evidence -----------------------------------------------------------------------------------------------
     def _evidence(self, ev, rows: list[dict[str, Any]]) -> list[Violation]:
         from pyspark.sql import Window
@@ -676,6 +826,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, help="events per window chunk of a heavy subject")
     parser.add_argument("--limit", type=int, default=100, help="violations listed per invariant")
     parser.add_argument("--redelivery-grace-ms", type=int, default=DEFAULT_REDELIVERY_GRACE_MS)
+    parser.add_argument("--ack-timeout-ms", type=int, default=DEFAULT_ACK_TIMEOUT_MS,
+                        help="the traced daemons' ack timeout ([outbox] ack_timeout_s; the trace does not record it)")
+    parser.add_argument("--ack-grace-ms", type=int, default=DEFAULT_ACK_GRACE_MS)
     parser.add_argument("--driver-host", default=None,
                         help="the address executors on other machines connect back to this driver at "
                              "(spark.driver.host; or spark-submit --conf)")
@@ -692,7 +845,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"spark_checks.spark: {exc}", file=sys.stderr)
         return 2
     report = SparkChecker(spark, chunk=args.chunk, redelivery_grace_ms=args.redelivery_grace_ms,
-                          limit=args.limit).check(args.paths)
+                          limit=args.limit, ack_timeout_ms=args.ack_timeout_ms,
+                          ack_grace_ms=args.ack_grace_ms).check(args.paths)
     document = report.as_dict()
     if args.report:
         args.report.write_text(json.dumps(document, indent=2) + "\n")
