@@ -164,7 +164,7 @@ def test_spark_reports_the_same_in_one_run_over_every_case(spark, tmp_path: Path
     files = [node.write_jsonl(tmp_path / "jsonl") for build in CASES.values() for node in build()[0]]
     fmt.convert_jsonl(files, tmp_path / "parquet")
     by_spark = SparkChecker(spark, chunk=4, limit=None).check(tmp_path / "parquet")  # chunk boundaries everywhere
-    by_oracle = oracle.check(files)
+    by_oracle = oracle.check(tmp_path / "parquet")  # the same input: evidence from JSONL also names file:line
     assert len(by_oracle.violations) == 11
     assert same_answers(by_spark, by_oracle) == []
 
