@@ -94,7 +94,8 @@ def _parser() -> argparse.ArgumentParser:
                                                 "file://, and with Spark any Hadoop filesystem: s3a://, hdfs://, …)")
     check.add_argument("--engine", choices=("spark", "oracle", "duckdb"), default="spark")
     check.add_argument("--master", default="local[*]", help="Spark master URL (local[*], spark://host:7077, …)")
-    check.add_argument("--driver-memory", default=None, help="driver heap of a local Spark session (default 6g)")
+    check.add_argument("--driver-memory", default=None,
+                       help="Spark driver heap (default 6g for a local session, 2g for another master)")
     check.add_argument("--driver-host", default=None,
                        help="Spark, a master on another machine: the address its executors connect back to this "
                             "driver at (spark.driver.host; default 127.0.0.1 for local and spark://127.0.0.1 masters)")

@@ -144,8 +144,9 @@ def build_session(master: str | None = DEFAULT_MASTER, app_name: str = "meshtrac
 
     Args:
         master: a master URL, or None to keep the one ``spark-submit`` (or an existing session) set.
-        driver_memory: the driver heap for a local session (``MESHTRACE_DRIVER_MEMORY``, default 6g); the executors
-            of a local session live in the driver JVM.
+        driver_memory: the heap of a driver this process starts (``MESHTRACE_DRIVER_MEMORY``): default 6g for a
+            local session, whose executors live in the driver JVM, and 2g for another master (the catalogue's plan
+            alone outgrows Spark's 1g default); spark-submit sets its own (``--driver-memory``).
         conf: extra settings, applied last.
         driver_host, driver_bind_address: where executors reach the driver and where it listens (`driver_settings`).
     Raises:
@@ -163,6 +164,8 @@ def build_session(master: str | None = DEFAULT_MASTER, app_name: str = "meshtrac
         settings.update(LOCAL_CONF)
         settings["spark.local.dir"] = os.environ.get("MESHTRACE_SPARK_TMP") or os.environ.get("TMPDIR") or "/tmp"
         settings["spark.driver.memory"] = driver_memory or os.environ.get("MESHTRACE_DRIVER_MEMORY", "6g")
+    elif master is not None:
+        settings["spark.driver.memory"] = driver_memory or os.environ.get("MESHTRACE_DRIVER_MEMORY", "2g")
     if SparkContext._active_spark_context is None:  # a running context's driver is bound already
         configured = {} if master is not None and is_local(master) else launch_settings()
         target = master or configured.get("spark.master")

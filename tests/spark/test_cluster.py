@@ -315,7 +315,7 @@ def test_a_standalone_cluster_reports_what_local_mode_and_the_oracle_report(tmp_
         manifest = json.loads((trace / "manifest.json").read_text())
         assert sorted(i["kind"] for i in manifest["injections"]) == sorted(INJECTIONS)
         injected = sorted((i["invariant"], i["key"]) for i in manifest["injections"])
-        for name, engine in (("local", "--master local[2] --driver-memory 1g"), ("oracle", "--engine oracle")):
+        for name, engine in (("local", "--master local[2] --driver-memory 2g"), ("oracle", "--engine oracle")):
             command = f"meshtrace check {trace} {engine} --report {tmp_path / name}.json"
             assert processes.run(name, command, env, tmp_path) == 1, processes.log(name)
         local_report = json.loads((tmp_path / "local.json").read_text())
