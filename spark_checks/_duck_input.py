@@ -71,6 +71,18 @@ class DuckDialect(v.Dialect):
     def count_true(self, items: list[str]) -> str:
         return "(" + " + ".join(f"CAST({i} AS INTEGER)" for i in items) + ")"
 
+    def col(self, name: str) -> str:
+        return name
+
+    def in_(self, a: str, values: list[Any]) -> str:
+        return f"coalesce({a} IN ({', '.join(lit(x) for x in values)}), false)"
+
+    def hex_lower(self, a: str) -> str:
+        return f"lower(hex({a}))"
+
+    def cast_long(self, a: str) -> str:
+        return f"CAST({a} AS BIGINT)"
+
 
 def _json_path(path: v.Path) -> str:
     return "$." + ".".join(path)
@@ -116,83 +128,6 @@ class JsonAccess(v.Access):
         return f"list_filter({keys}, lambda k: NOT list_contains({names}, k))[1]"
 
 
-def _member_columns() -> dict[v.Path, str]:
-    """Each JSON member path's Parquet column."""
-    columns = {}
-    for column in fmt.COLUMNS:
-        if column == "line":
-            continue
-        if column.startswith("effects_"):
-            columns[("effects", column.removeprefix("effects_"))] = column
-        else:
-            columns[({c: m for m, c in fmt.RENAMED.items()}.get(column, column),)] = column
-    return columns
-
-
-class ParquetAccess(v.Access):
-    """A Parquet row's JSON view: its kind's members, plus any non-null column as an extra member."""
-
-    def __init__(self) -> None:
-        self.compiled = v.compile_event()
-        self.columns = _member_columns()
-        self.kinds_having: dict[v.Path, list[str]] = {}
-        for kind, names in self.compiled.kinds.items():
-            for name in names:
-                self.kinds_having.setdefault((name,), []).append(kind)
-        for path, by_kind in self.compiled.object_members.items():
-            for kind, names in by_kind.items():
-                for name in names:
-                    self.kinds_having.setdefault((*path, name), []).append(kind)
-
-    def _of_kind(self, path: v.Path) -> str:
-        kinds = self.kinds_having.get(path, [])
-        return f"coalesce(kind IN ({', '.join(lit(k) for k in kinds)}), false)" if kinds else "false"
-
-    def present(self, path: v.Path) -> str:
-        if not path:
-            return "true"
-        if path in self.compiled.object_members:
-            below = [self.columns[p] for p in self.columns if p[:len(path)] == path and len(p) > len(path)]
-            return "(" + " OR ".join([self._of_kind(path), *(f"{c} IS NOT NULL" for c in below)]) + ")"
-        column = self.columns.get(path)
-        return "false" if column is None else f"({column} IS NOT NULL OR {self._of_kind(path)})"
-
-    def type_is(self, path: v.Path, types: tuple[str, ...]) -> str:
-        if not path or path in self.compiled.object_members:
-            return "true" if "object" in types else "false"
-        column = self.columns.get(path)
-        if column is None:
-            return "false"
-        kind = fmt.FLAT_SCHEMA.field(column).type
-        own = "string" if str(kind) in ("string", "fixed_size_binary[32]") else "boolean" if str(kind) == "bool" \
-            else "integer"
-        parts = []
-        if own in types:
-            parts.append(f"{column} IS NOT NULL")
-        if "null" in types:
-            parts.append(f"({column} IS NULL AND {self._of_kind(path)})")
-        return "(" + " OR ".join(parts) + ")" if parts else "false"
-
-    def string(self, path: v.Path) -> str:
-        column = self.columns[path]
-        return f"lower(hex({column}))" if column == "request_fingerprint" else column
-
-    def integer(self, path: v.Path) -> str:
-        return f"CAST({self.columns[path]} AS BIGINT)"
-
-    def boolean(self, path: v.Path) -> str:
-        return self.columns[path]
-
-    def unknown_member(self, path: v.Path, allowed: tuple[str, ...]) -> str:
-        names = sorted({p[len(path)] for p in self.columns if p[:len(path)] == path and len(p) > len(path)},
-                       key=lambda n: fmt.COLUMNS.index(self.columns.get((*path, n)) or self._first(path, n)))
-        cases = " ".join(f"WHEN {self.present((*path, n))} THEN {lit(n)}" for n in names if n not in allowed)
-        return f"(CASE {cases} END)" if cases else "NULL"
-
-    def _first(self, path: v.Path, name: str) -> str:
-        return next(c for p, c in self.columns.items() if p[:len(path) + 1] == (*path, name))
-
-
 @dataclass
 class Loaded:
     trace: Trace
@@ -213,7 +148,7 @@ def _parquet(con: Any, trace: Trace, listed: int) -> Loaded:
     files = ", ".join(lit(f) for f in trace.parquet_files)
     columns = ", ".join(fmt.COLUMNS)
     con.execute(f"CREATE VIEW ev_all AS SELECT {columns} FROM read_parquet([{files}], hive_partitioning = false)")
-    renderer = v.Renderer(DuckDialect(), ParquetAccess())
+    renderer = v.Renderer(DuckDialect(), v.ParquetAccess(DuckDialect()))
     tree = v.compile_event().tree
     valid = f"(line IS NOT NULL AND line >= 0 AND {renderer.valid(tree)})"
     reason = ("CASE WHEN line IS NULL OR line < 0 THEN 'layout' ELSE 'schema' END")
@@ -321,7 +256,7 @@ def _flat_columns() -> list[str]:
     """SQL for each ``FLAT_SCHEMA`` column from the JSON event ``j`` (``line`` is numbered afterwards)."""
     sql = {"int8": "TINYINT", "int32": "INTEGER", "int64": "BIGINT", "bool": "BOOLEAN", "string": "VARCHAR"}
     out = []
-    for path, column in _member_columns().items():
+    for path, column in v.member_columns().items():
         text = f"json_extract_string(j, {lit(_json_path(path))})"
         kind = str(fmt.FLAT_SCHEMA.field(column).type)
         value = f"unhex({text})" if column == "request_fingerprint" else f"CAST({text} AS {sql[kind]})"

@@ -139,16 +139,12 @@ class SparkChecker:
 
     # --- input --------------------------------------------------------------------------------------------------
     def read(self, paths: list[Path] | list[str]):
-        frames = []
-        for path in paths:
-            text = str(path)
-            root = text if "://" in text or text.startswith(("hdfs:", "s3a:", "gs:")) else \
-                str(fmt.dataset_path(Path(path)))
-            frames.append(self.spark.read.schema(spark_schema()).option("basePath", root).parquet(root))
-        frame = frames[0]
-        for other in frames[1:]:
-            frame = frame.unionByName(other)
-        return frame.select(*fmt.COLUMNS)
+        """The valid events of the trace (JSONL or Parquet, any Hadoop URI; ``_spark_input``); what was invalid is
+        kept in ``self.loaded``. Raises ``inputs.InputError`` for unusable input."""
+        from spark_checks._spark_input import read
+
+        frame, self.loaded = read(self.spark, [str(p) for p in paths])
+        return frame
 
     # --- the run ------------------------------------------------------------------------------------------------
     def check(self, paths: Path | str | list[Path] | list[str]) -> Report:
@@ -180,11 +176,12 @@ class SparkChecker:
         violations = self._evidence(ev, rows)
         self._mark("evidence", started)
         return Report("spark", ", ".join(map(str, paths)), stats["events"], sorted(stats["sources"]),
-                      time.monotonic() - started, sort_violations(violations), counts, [],
+                      time.monotonic() - started, sort_violations(violations), counts, self.loaded.invalid,
                       {"redelivery_grace_ms": self.grace, "evidence_events": self.evidence_events,
                        "ack_timeout_ms": self.ack_timeout, "ack_grace_ms": self.ack_grace,
                        "chunk": self.chunk, "heavy_subjects": len(stats["heavy"]),
-                       "master": self.spark.sparkContext.master, "timings": dict(self.timings)})
+                       "master": self.spark.sparkContext.master, "timings": dict(self.timings)},
+                      sum(self.loaded.reasons.values()), self.loaded.reasons)
 
     def _mark(self, name: str, started: float) -> None:
         """Time the step ``name``: from the previous mark (``started`` for the first) to now, never negative."""

@@ -218,7 +218,7 @@ class _Compiler:
 
     def _discriminator(self, alternatives: list[Any], path: Path, base: str) -> tuple[Path, tuple[str, ...]] | None:
         """The member every alternative requires with a distinct string const (``kind`` in event.json), if any."""
-        found: list[tuple[str, str]] = []
+        consts: list[dict[str, str]] = []
         for alternative in alternatives:
             schema = alternative
             document = base
@@ -226,16 +226,14 @@ class _Compiler:
                 schema, document = self.resolve(schema["$ref"], document)
             if not isinstance(schema, dict):
                 return None
-            names = [n for n, s in schema.get("properties", {}).items()
-                     if isinstance(s, dict) and isinstance(s.get("const"), str) and n in schema.get("required", ())]
-            if not names:
-                return None
-            found.append((names[0], schema["properties"][names[0]]["const"]))
-        names = {name for name, _ in found}
-        values = [value for _, value in found]
-        if len(names) != 1 or len(set(values)) != len(values):
-            return None
-        return (*path, names.pop()), tuple(values)
+            consts.append({n: s["const"] for n, s in schema.get("properties", {}).items()
+                           if isinstance(s, dict) and isinstance(s.get("const"), str)
+                           and n in schema.get("required", ())})
+        for name in consts[0] if consts else ():
+            values = [c.get(name) for c in consts]
+            if None not in values and len(set(values)) == len(values):
+                return (*path, name), tuple(values)
+        return None
 
 
 def check_pattern(pattern: str, where: str = "pattern") -> str:
@@ -397,6 +395,19 @@ class Dialect:
     def count_true(self, items: list[Any]) -> Any:
         raise NotImplementedError
 
+    def col(self, name: str) -> Any:
+        raise NotImplementedError
+
+    def in_(self, a: Any, values: list[Any]) -> Any:
+        """``a`` is one of ``values`` (false for null)."""
+        raise NotImplementedError
+
+    def hex_lower(self, a: Any) -> Any:
+        raise NotImplementedError
+
+    def cast_long(self, a: Any) -> Any:
+        raise NotImplementedError
+
 
 def _value_test(d: Dialect, a: Access, path: Path, value: Any) -> Any:
     if value is None:
@@ -509,21 +520,203 @@ class Renderer:
 
     def _message(self, node: Check) -> Any:
         d, name, arg = self.d, member(node.path), node.arg
-        text = {
-            "present": f"{name}: required member missing",
-            "type": f"{name}: must be {' or '.join(arg or ())} (type)",
-            "const": f"{name}: must be {_show(arg)} (const)",
-            "enum": f"{name}: must be one of {_show(list(arg or ()))} (enum)",
-            "min_length": f"{name}: at least {arg} characters (minLength)",
-            "max_length": f"{name}: at most {arg} characters (maxLength)",
-            "pattern": f"{name}: must match {arg} (pattern)",
-            "minimum": f"{name}: must be at least {arg} (minimum)",
-            "maximum": f"{name}: must be at most {arg} (maximum)",
-        }.get(node.op)
         if node.op == "only_keys":
             return d.concat([d.lit(f"{'' if not node.path else name + '.'}"), self.a.unknown_member(node.path, arg),
                              d.lit(": member not allowed (additionalProperties: false)")])
+        if node.op == "present":
+            text = f"{name}: required member missing"
+        elif node.op == "type":
+            text = f"{name}: must be {' or '.join(arg)} (type)"
+        elif node.op == "const":
+            text = f"{name}: must be {_show(arg)} (const)"
+        elif node.op == "enum":
+            text = f"{name}: must be one of {_show(list(arg))} (enum)"
+        else:
+            label = {"min_length": ("at least", "characters (minLength)"),
+                     "max_length": ("at most", "characters (maxLength)"), "pattern": ("must match", "(pattern)"),
+                     "minimum": ("must be at least", "(minimum)"), "maximum": ("must be at most", "(maximum)")}
+            before, after = label[node.op]
+            text = f"{name}: {before} {arg} {after}"
         return d.lit(text)
+
+
+def member_columns() -> dict[Path, str]:
+    """Each JSON member path's column in ``format.FLAT_SCHEMA``."""
+    from . import format as fmt
+
+    columns = {}
+    for column in fmt.COLUMNS:
+        if column == "line":
+            continue
+        if column.startswith("effects_"):
+            columns[("effects", column.removeprefix("effects_"))] = column
+        else:
+            columns[({c: m for m, c in fmt.RENAMED.items()}.get(column, column),)] = column
+    return columns
+
+
+class ParquetAccess(Access):
+    """A Parquet row's JSON view in any dialect: its kind's members (null columns as JSON null), plus every non-null
+    column its kind does not have, as an extra member. The request fingerprint's string is its lowercase hex."""
+
+    def __init__(self, dialect: Dialect):
+        from . import format as fmt
+
+        self.d = dialect
+        self.compiled = compile_event()
+        self.columns = member_columns()
+        self.own = {path: ("string" if str(fmt.FLAT_SCHEMA.field(c).type) in ("string", "fixed_size_binary[32]")
+                           else "boolean" if str(fmt.FLAT_SCHEMA.field(c).type) == "bool" else "integer")
+                    for path, c in self.columns.items()}
+        self.kinds_having: dict[Path, list[str]] = {}
+        for kind, names in self.compiled.kinds.items():
+            for name in names:
+                self.kinds_having.setdefault((name,), []).append(kind)
+        for path, by_kind in self.compiled.object_members.items():
+            for kind, names in by_kind.items():
+                for name in names:
+                    self.kinds_having.setdefault((*path, name), []).append(kind)
+
+    def _below(self, path: Path) -> list[Path]:
+        return [p for p in self.columns if p[:len(path)] == path and len(p) > len(path)]
+
+    def _of_kind(self, path: Path) -> Any:
+        kinds = self.kinds_having.get(path, [])
+        return self.d.in_(self.d.col("kind"), kinds) if kinds else self.d.lit(False)
+
+    def _not_null(self, path: Path) -> Any:
+        return self.d.not_(self.d.is_null(self.d.col(self.columns[path])))
+
+    def present(self, path: Path) -> Any:
+        d = self.d
+        if not path:
+            return d.lit(True)
+        if path in self.compiled.object_members:
+            return d.or_([self._of_kind(path), *(self._not_null(p) for p in self._below(path))])
+        if path not in self.columns:
+            return d.lit(False)
+        return d.or_([self._not_null(path), self._of_kind(path)])
+
+    def type_is(self, path: Path, types: tuple[str, ...]) -> Any:
+        d = self.d
+        if not path or path in self.compiled.object_members:
+            return d.and_([self.present(path), d.lit("object" in types)])
+        if path not in self.columns:
+            return d.lit(False)
+        parts = []
+        if self.own[path] in types:
+            parts.append(self._not_null(path))
+        if "null" in types:
+            parts.append(d.and_([d.is_null(d.col(self.columns[path])), self._of_kind(path)]))
+        return d.or_(parts) if parts else d.lit(False)
+
+    def string(self, path: Path) -> Any:
+        column = self.d.col(self.columns[path])
+        return self.d.hex_lower(column) if self.columns[path] == "request_fingerprint" else column
+
+    def integer(self, path: Path) -> Any:
+        return self.d.cast_long(self.d.col(self.columns[path]))
+
+    def boolean(self, path: Path) -> Any:
+        return self.d.col(self.columns[path])
+
+    def unknown_member(self, path: Path, allowed: tuple[str, ...]) -> Any:
+        names: list[str] = []
+        for p in self._below(path):
+            if p[len(path)] not in names and p[len(path)] not in allowed:
+                names.append(p[len(path)])
+        if not names:
+            return self.d.lit(None)
+        return self.d.when([(self.present((*path, n)), self.d.lit(n)) for n in names], self.d.lit(None))
+
+
+class PythonDialect(Dialect):
+    """Plain Python values: ``Renderer(PythonDialect(), EventAccess(event)).explain(tree)`` is the message."""
+
+    def lit(self, value: Any) -> Any:
+        return value
+
+    def and_(self, items: list[Any]) -> Any:
+        return all(items)
+
+    def or_(self, items: list[Any]) -> Any:
+        return any(items)
+
+    def not_(self, item: Any) -> Any:
+        return not item
+
+    def when(self, branches: list[tuple[Any, Any]], otherwise: Any) -> Any:
+        return next((result for condition, result in branches if condition), otherwise)
+
+    def coalesce(self, items: list[Any]) -> Any:
+        return next((item for item in items if item is not None), None)
+
+    def eq(self, a: Any, b: Any) -> Any:
+        return None if a is None or b is None else a == b
+
+    def cmp(self, a: Any, op: str, b: Any) -> Any:
+        return None if a is None else (a >= b if op == ">=" else a <= b)
+
+    def length(self, a: Any) -> Any:
+        return None if a is None else len(a)
+
+    def matches(self, a: Any, pattern: str) -> Any:
+        from spec import ecma_pattern
+
+        return None if a is None else ecma_pattern(pattern.replace(r"\z", "$")).search(a) is not None
+
+    def concat(self, items: list[Any]) -> Any:
+        return None if any(i is None for i in items) else "".join(items)
+
+    def is_null(self, a: Any) -> Any:
+        return a is None
+
+    def count_true(self, items: list[Any]) -> Any:
+        return sum(bool(i) for i in items)
+
+
+class EventAccess(Access):
+    """Members of a parsed JSON event (``json.loads(parse_float=FloatLiteral)``)."""
+
+    def __init__(self, event: Any):
+        self.event = event
+
+    def _get(self, path: Path) -> tuple[bool, Any]:
+        value = self.event
+        for name in path:
+            if not isinstance(value, dict) or name not in value:
+                return False, None
+            value = value[name]
+        return True, value
+
+    def present(self, path: Path) -> Any:
+        return self._get(path)[0]
+
+    def type_is(self, path: Path, types: tuple[str, ...]) -> Any:
+        present, value = self._get(path)
+        return present and json_type(value) in types
+
+    def string(self, path: Path) -> Any:
+        value = self._get(path)[1]
+        return value if isinstance(value, str) else None
+
+    def integer(self, path: Path) -> Any:
+        value = self._get(path)[1]
+        return value if json_type(value) == "integer" else None
+
+    def boolean(self, path: Path) -> Any:
+        value = self._get(path)[1]
+        return value if isinstance(value, bool) else None
+
+    def unknown_member(self, path: Path, allowed: tuple[str, ...]) -> Any:
+        value = self._get(path)[1]
+        return next((k for k in value if k not in allowed), None) if isinstance(value, dict) else None
+
+
+def explain(event: Any) -> str | None:
+    """The message ``Renderer.explain`` gives a parsed event, computed in Python (for the few invalid events a report
+    lists), or None when the event is valid."""
+    return Renderer(PythonDialect(), EventAccess(event)).explain(compile_event().tree)
 
 
 # --- Python evaluation of the tree (tests hold it to jsonschema) -------------------------------------------------
@@ -678,5 +871,6 @@ def _parse_line(raw: bytes, check_schema: Callable[[dict[str, Any]], str | None]
     return event, None, None
 
 
-__all__ = ["REASONS", "TORN", "TORN_TAIL", "Access", "Compiled", "Dialect", "Renderer", "SchemaNotUnderstood",
+__all__ = ["REASONS", "TORN", "TORN_TAIL", "Access", "Compiled", "Dialect", "ParquetAccess", "Renderer",
+           "SchemaNotUnderstood",
            "compile_event", "evaluate", "json_type", "parse_line"]
