@@ -1,0 +1,234 @@
+"""Input validity: every engine reports exactly the invalid lines of fixtures/traces/malformed with their reasons,
+and ``meshtrace check`` exits as expected.json says, plain and with --tolerate; Parquet rows are judged by the same
+rules; the schema compiler agrees with jsonschema and refuses what it does not translate."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from spark_checks import format as fmt
+from spark_checks import validity
+from spark_checks.cli import main as meshtrace
+from spec import SCHEMA_BASE, fast_validator, schema_registry
+
+CORPUS = Path(__file__).resolve().parents[2] / "fixtures" / "traces" / "malformed"
+CASES = json.loads((CORPUS / "expected.json").read_text())["cases"]
+LEVELS = ("plain", "torn-tail", "invalid")
+
+
+def wanted(case: dict) -> list[tuple[str, str]]:
+    return [(f"{CORPUS}/{case['file']}:{e['line']}", e["reason"]) for e in case["invalid"]]
+
+
+def run(argv: list[str], report: Path) -> tuple[int, dict | None]:
+    code = meshtrace([*argv, "--report", str(report)])
+    document = json.loads(report.read_text()) if report.exists() else None
+    if report.exists():
+        report.unlink()
+    return code, document
+
+
+#: the cases DuckDB also runs one by one through the CLI (it reads the whole corpus at once in another test)
+SAMPLE = ("misspelt_kind", "truncated_eof", "two_objects", "crlf", "empty_file", "blank_lines_only")
+
+
+@pytest.mark.parametrize("engine, case", [("oracle", c) for c in CASES] + [("duckdb", c) for c in CASES
+                                                                          if c["id"] in SAMPLE],
+                         ids=[f"oracle-{c['id']}" for c in CASES] + [f"duckdb-{i}" for i in SAMPLE])
+def test_each_malformed_trace_is_reported_line_by_line(tmp_path: Path, capsys, engine: str, case: dict):
+    path = str(CORPUS / case["file"])
+    exits = {}
+    for level in LEVELS:
+        code, document = run(["check", path, "--engine", engine, *(["--tolerate", level] if level != "plain" else [])],
+                             tmp_path / "report.json")
+        exits[level] = code
+        if document is not None:
+            assert [(e["where"], e["reason"]) for e in document["invalid"]["lines"]] == wanted(case)
+            assert document["invalid"]["count"] == len(case["invalid"])
+        else:
+            assert case["file"] == "empty_file.jsonl"  # nothing to read is a usage error, no report
+    assert exits == case["exit"]
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_duckdb_reports_every_malformed_line_in_one_read():
+    import duckdb
+
+    from spark_checks._duck_input import load
+
+    con = duckdb.connect()
+    loaded = load(con, [str(CORPUS)], listed=1000)
+    every = sorted(pair for case in CASES for pair in wanted(case))  # file order; no file has a line 10 before 9
+    assert [(e["where"], e["reason"]) for e in loaded.invalid] == every
+    crlf = con.execute("SELECT line, file_line FROM ev WHERE file = ? ORDER BY line",
+                       [f"{CORPUS}/crlf.jsonl"]).fetchall()
+    assert crlf == [(k, k + 1) for k in range(29)]
+
+
+def test_validate_uses_the_same_rules_and_exit_codes(capsys):
+    assert meshtrace(["validate", str(CORPUS / "status_fraction.jsonl")]) == 2
+    assert f"{CORPUS}/status_fraction.jsonl:6: integer_literal: http_status" in capsys.readouterr().out
+    assert meshtrace(["validate", str(CORPUS / "truncated_eof.jsonl"), "--tolerate", "torn-tail"]) == 0
+    assert meshtrace(["validate", str(CORPUS / "crlf.jsonl")]) == 0
+
+
+def test_messages_name_the_member_and_the_rule():
+    from spark_checks import duck
+
+    messages = {case: duck.check(str(CORPUS / f"{case}.jsonl")).invalid[0]["message"] for case in
+                ("done_without_message", "extra_member", "broker_status_not", "seq_missing", "fingerprint_upper")}
+    assert messages == {
+        "done_without_message": "broker_message_id: must be string (type)",
+        "extra_member": "extra: member not allowed (additionalProperties: false)",
+        "broker_status_not": "status: must be 201 (const)",
+        "seq_missing": "seq: required member missing",
+        "fingerprint_upper": "request_fingerprint: must match ^[0-9a-f]{64}$ (pattern)",
+    }
+
+
+# --- Parquet ----------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def parquet_cases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, list[tuple[str, str]]]]:
+    """The mesh fixture as Parquet with one defect each, and the (where, reason) every engine must report."""
+    root = tmp_path_factory.mktemp("parquet-cases")
+    rows = fmt.read_jsonl([Path(__file__).resolve().parents[2] / "fixtures" / "traces" / "mesh"]).rows
+    table = fmt.rows_to_table(rows)
+    first = {kind: next(k for k, r in enumerate(rows) if r["kind"] == kind)
+             for kind in ("outbox_transition", "sse_event", "accept_commit", "delivery")}
+
+    def where(index: int, line: int | None = None) -> str:
+        return f"{rows[index]['node']}@line {rows[index]['line'] if line is None else line}"
+
+    made = {}
+    for name, index, column, value, reason in (
+            ("bad_enum", first["outbox_transition"], "table_row", "OB-BOGUS", "schema"),
+            ("null_seq", first["sse_event"], "seq", None, "schema"),
+            ("extra_member", first["sse_event"], "mesh", "m", "schema"),
+            ("null_effects", first["accept_commit"], "effects_dedupe", None, "schema"),
+            ("negative_line", first["delivery"], "line", -1, "layout")):
+        changed = table.to_pylist()
+        changed[index][column] = value
+        fmt.write_dataset(pa.Table.from_pylist(changed, schema=fmt.FLAT_SCHEMA), root / name, 4)
+        made[name] = (root / name, [(where(index, -1 if column == "line" else None), reason)])
+    wrong = table.set_column(fmt.COLUMNS.index("seq"), "seq", pa.array([str(s) for s in table["seq"].to_pylist()]))
+    (root / "wrong_type").mkdir()
+    pq.write_table(wrong, root / "wrong_type" / "part-0.parquet")
+    made["wrong_type"] = (root / "wrong_type", [])
+    return made
+
+
+@pytest.mark.parametrize("engine", ["oracle", "duckdb"])
+def test_parquet_rows_are_judged_by_the_same_rules(parquet_cases, tmp_path: Path, capsys, engine: str):
+    for name, (path, want) in parquet_cases.items():
+        code, document = run(["check", str(path), "--engine", engine], tmp_path / "report.json")
+        assert code == 2, name
+        if name == "wrong_type":
+            assert document is None
+            assert "column seq is string, expected int64" in capsys.readouterr().err
+        else:
+            assert [(e["where"], e["reason"]) for e in document["invalid"]["lines"]] == want, name
+
+
+# --- the compiler ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("schema, complaint", [
+    ({"type": "string", "format": "date-time"}, "format"),
+    ({"type": "object", "patternProperties": {"^x": {}}}, "patternProperties"),
+    ({"type": "number"}, "type ['number']"),
+    ({"type": "string", "pattern": "^\\d+$"}, "construct not translated"),
+    ({"const": 1.5}, "const/enum value 1.5"),
+    ({"type": "object", "additionalProperties": {"type": "string"}}, "additionalProperties other than false"),
+])
+def test_the_compiler_refuses_what_it_does_not_translate(schema: dict, complaint: str):
+    base = SCHEMA_BASE + "trace/event.json"
+    with pytest.raises(validity.SchemaNotUnderstood, match=complaint.replace("[", r"\[").replace("]", r"\]")):
+        validity._Compiler(schema_registry(), base).compile(schema, (), base, "test")
+
+
+def test_the_tree_and_jsonschema_agree_on_mutated_events():
+    tree = validity.compile_event().tree
+    check = fast_validator("trace/event")  # jsonschema-rs: an implementation of JSON Schema independent of the tree
+    mesh = Path(__file__).resolve().parents[2] / "fixtures" / "traces" / "mesh"
+    events = [json.loads(line) for f in sorted(mesh.glob("*.jsonl")) for line in f.read_text().splitlines()]
+    values = [None, "", "x", 0, -1, 1, 202, 409, 2**44, 2**31, True, [], {}, "none", "done", "pending", "B1",
+              "BRK-ACCEPT", "IPC-NEW", "OB-PENDING-REQUEUE", "requeue", "0" * 64, "01ARZ3NDEKTSV4RRFFQ69G5FAV",
+              "a" * 129, "sse_event", "<absent>"]
+    rng = random.Random(12)
+    disagreements = []
+    for event in rng.sample(events, 60):
+        for name in [*event, "extra"]:
+            for value in values:
+                mutated = dict(event)
+                if value == "<absent>":
+                    mutated.pop(name, None)
+                else:
+                    mutated[name] = value
+                if validity.evaluate(tree, mutated) != check.is_valid(mutated):
+                    disagreements.append((name, value, event["kind"]))
+    assert disagreements == []
+
+
+def test_integer_members_come_from_the_schema():
+    compiled = validity.compile_event()
+    assert ("seq",) in compiled.integer_paths and ("effects", "dedupe") in compiled.integer_paths
+    assert ("node",) not in compiled.integer_paths
+    assert compiled.object_paths == ((), ("effects",))
+
+
+# --- paths and URIs ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("engine", ["oracle", "duckdb"])
+def test_other_schemes_are_a_clear_usage_error(capsys, engine: str):
+    assert meshtrace(["check", "s3a://bucket/trace", "--engine", engine]) == 2
+    assert f"the {engine} engine reads local paths and file:// URIs only" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("engine", ["oracle", "duckdb"])
+def test_file_uris_and_trace_directories(tmp_path: Path, engine: str):
+    read = fmt.convert_jsonl([CORPUS / "crlf.jsonl"], tmp_path / "t" / "events")
+    assert len(read.rows) == 29
+    code, document = run(["check", f"file://{tmp_path}/t", "--engine", engine], tmp_path / "report.json")
+    assert (code, document["events"]) == (0, 29)
+    assert meshtrace(["check", str(tmp_path / "empty"), "--engine", engine]) == 2
+
+
+# --- Spark -------------------------------------------------------------------------------------------------------
+
+@pytest.mark.spark
+def test_spark_reports_every_malformed_line_in_one_read(spark):
+    from spark_checks import _spark_input
+
+    frame, loaded = _spark_input.read(spark, [str(CORPUS)], listed=1000)
+    assert sorted((e["where"], e["reason"]) for e in loaded.invalid) == sorted(
+        pair for case in CASES for pair in wanted(case))
+    crlf = frame.filter(frame.file == f"{CORPUS}/crlf.jsonl").orderBy("line").select("line", "file_line").collect()
+    assert [(r["line"], r["file_line"]) for r in crlf] == [(k, k + 1) for k in range(29)]
+
+
+@pytest.mark.spark
+def test_spark_exit_codes_parquet_and_uris(spark, parquet_cases, tmp_path: Path, capsys):
+    def spark_check(*argv: str) -> tuple[int, dict | None]:
+        return run(["check", *argv, "--engine", "spark", "--master", "local[2]"], tmp_path / "report.json")
+
+    by_id = {c["id"]: c for c in CASES}
+    for case_id, level in (("misspelt_kind", "plain"), ("truncated_eof", "torn-tail"), ("truncated_eof", "plain")):
+        argv = [str(CORPUS / by_id[case_id]["file"]), *(["--tolerate", level] if level != "plain" else [])]
+        assert spark_check(*argv)[0] == by_id[case_id]["exit"][level], (case_id, level)
+    for name, (path, want) in parquet_cases.items():
+        code, document = spark_check(f"file://{path}")
+        assert code == 2, name
+        if name == "wrong_type":
+            assert "column seq is string, expected int64" in capsys.readouterr().err
+        else:
+            assert [(e["where"], e["reason"]) for e in document["invalid"]["lines"]] == want, name
+    trace = tmp_path / "t"
+    fmt.convert_jsonl([CORPUS / "crlf.jsonl"], trace / "events")
+    code, document = spark_check(f"file://{trace}")
+    assert (code, document["events"]) == (0, 29)
