@@ -116,17 +116,17 @@ CATALOGUE: tuple[Invariant, ...] = (
         "request_fingerprint (and its outbox_id when the decision names one): the row's accept (`none -> pending`) "
         "or, for a daemon stopped between the two events (the reference writes the decision first, both after the "
         "one commit) and restarted, a later transition of the same row; never a lookup that finds no row. When "
-        "neither follows, the daemon must not have dispatched a row it created after the decision (one that became "
-        "due after this one, which was due when it was accepted).",
+        "neither follows, the daemon must not have dispatched the row of an id whose first transition it traced "
+        "after the decision (a row due after this one, which was due when it was accepted).",
         frozenset({"daemon"}), ("E-32",)),
     Invariant(
         "TRC-INFLIGHT-RESOLVED", "Every inflight row is resolved",
         ("OBX-BROKER-OUTCOMES", "REC-INFLIGHT-TO-PENDING"),
         ("node", "outbox_id"), ("outbox_transition",), "pair", "inflight_unresolved",
-        "Per (node, outbox_id) whose last traced transition leaves the row `inflight` (a dispatch): its ts_ms plus "
-        "the ack timeout (`--ack-timeout-ms`, 15 s, the reference daemon's default [outbox] ack_timeout_s; the "
-        "trace does not record it) plus a grace (`--ack-grace-ms`, 5 s) is not before the daemon node's last traced "
-        "ts_ms. An inflight row is acked, times out (ack_timeout), loses its link (link_lost) or is recovered at the "
+        "Per (node, client_message_id) whose last traced transition leaves its row `inflight` (a dispatch): its "
+        "ts_ms plus the ack timeout (`--ack-timeout-ms`, 15 s, the reference daemon's default [outbox] "
+        "ack_timeout_s; the trace does not record it) plus a grace (`--ack-grace-ms`, 5 s) is not before the daemon "
+        "node's last traced ts_ms. An inflight row is acked, times out (ack_timeout), loses its link (link_lost) or is recovered at the "
         "next start (crash_recovery, traced before the daemon serves); a daemon stopped with it inflight traces "
         "nothing after.",
         frozenset({"daemon"}), ("E-16", "E-32")),

@@ -127,12 +127,13 @@ fresh AS (
                       OR (kind = 'ipc_decision' AND (row_state = 'none' OR table_row = 'IPC-NEW')))),
 created AS (
   SELECT node, max(made) AS later FROM (
-    SELECT node, outbox_id, min(seq) FILTER (WHERE from_state = 'none') AS made, bool_or(event = 'dispatch') AS sent
+    SELECT node, client_message_id, min(seq) FILTER (WHERE from_state = 'none') AS made,
+           bool_or(event = 'dispatch') AS sent
     FROM ev WHERE kind = 'outbox_transition' GROUP BY ALL)
   WHERE sent AND made IS NOT NULL GROUP BY node),
 inflight AS (
   SELECT o.*, n.last_ts FROM (
-    SELECT node, outbox_id AS oid, arg_max((seq, line, to_state, ts_ms), (seq, line)) AS last
+    SELECT node, client_message_id, arg_max((seq, line, to_state, ts_ms, outbox_id), (seq, line)) AS last
     FROM ev WHERE kind = 'outbox_transition' GROUP BY ALL) o
   JOIN node_end n ON n.node = o.node
   WHERE o.last[3] = 'inflight'),
@@ -251,7 +252,7 @@ candidates AS (
          'new-row-untraced', CAST(c.later AS VARCHAR)
   FROM fresh f JOIN created c ON c.node = f.node WHERE f.is_new AND f.nx IS NULL AND c.later > f.seq
   UNION ALL
-  SELECT 'TRC-INFLIGHT-RESOLVED', node || '|' || oid, node, last[1], last[2], NULL, NULL, NULL, false,
+  SELECT 'TRC-INFLIGHT-RESOLVED', node || '|' || last[5], node, last[1], last[2], NULL, NULL, NULL, false,
          'inflight-unresolved', CAST(last_ts AS VARCHAR)
   FROM inflight WHERE last[4] + {ack_window} < last_ts
   UNION ALL

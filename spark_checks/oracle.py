@@ -452,8 +452,8 @@ class Oracle:
 
     def _new_rows(self, ot: list[tuple[Any, ...]], ipc: list[tuple[Any, ...]], st: _State) -> None:
         """TRC-NEW-ROW-TRACED: what follows each 202 IPC-NEW decision of a (node, client_message_id); a decision
-        followed by nothing of its row is decided at the end, against the rows its node created later and dispatched.
-        """
+        followed by nothing of its row is decided at the end, against the ids whose first transition its node traced
+        later and dispatched."""
         subjects: dict[tuple[str, str], list[tuple[int, int, bool, tuple[Any, ...]]]] = defaultdict(list)
         for event in ot:
             subjects[(event[0], event[5])].append((event[1], event[2], True, event))
@@ -478,23 +478,23 @@ class Oracle:
                     following = (is_ot, event)
         created: dict[tuple[str, str], list[Any]] = defaultdict(lambda: [None, False])
         for event in ot:
-            row = created[(event[0], event[6])]
-            if event[8] == "none" and (row[0] is None or event[1] < row[0]):
-                row[0] = event[1]
+            subject = created[(event[0], event[5])]
+            if event[8] == "none" and (subject[0] is None or event[1] < subject[0]):
+                subject[0] = event[1]
             if event[10] == "dispatch":
-                row[1] = True
+                subject[1] = True
         for (node, _), (seq, dispatched) in created.items():
             if dispatched and seq is not None and seq > st.created_dispatched.get(node, -1):
                 st.created_dispatched[node] = seq
 
     def _inflight(self, ot: list[tuple[Any, ...]], st: _State) -> None:
-        """TRC-INFLIGHT-RESOLVED: the rows whose last transition leaves them inflight (decided at the end, when each
-        daemon node's last ts is known)."""
+        """TRC-INFLIGHT-RESOLVED: the (node, client_message_id) subjects whose last transition leaves their row
+        inflight (decided at the end, when each daemon node's last ts is known)."""
         last: dict[tuple[str, str], tuple[Any, ...]] = {}
         for event in ot:
-            current = last.get((event[0], event[6]))
+            current = last.get((event[0], event[5]))
             if current is None or (event[1], event[2]) > (current[1], current[2]):
-                last[(event[0], event[6])] = event
+                last[(event[0], event[5])] = event
         st.inflight.extend(event for event in last.values() if event[9] == "inflight")
 
     def _duplicates(self, ad: list[tuple[Any, ...]], ac: list[tuple[Any, ...]], st: _State) -> None:

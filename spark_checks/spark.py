@@ -609,13 +609,11 @@ class SparkChecker:
         return F.when(F.col(column).isNotNull(), F.xxhash64(column))
 
     def _new_rows(self, ev, ends):
-        """TRC-NEW-ROW-TRACED and TRC-INFLIGHT-RESOLVED.
-
-        What follows each 202 IPC-NEW decision is a window over (node, client_message_id) in descending seq order
-        (``last`` over the rows before: linear, where a frame of the rows after would rescan them), filtered to the
-        transitions and the decisions that found no row, so a re-posted hot id is not in it. One aggregation per
-        (node, outbox_id) gives each row's creation seq, whether it was dispatched and its last transition.
-        """
+        """TRC-NEW-ROW-TRACED and TRC-INFLIGHT-RESOLVED, in one window over (node, client_message_id) of the
+        transitions and the decisions that found no row (a re-posted hot id has one), in descending seq order: the
+        nearest later event is ``last`` over the rows before (linear, where a frame of the rows after would rescan
+        them), and the subject's creation seq, whether it was dispatched and its last transition are aggregates over
+        the whole partition (computed once per partition)."""
         from pyspark.sql import Window
         from pyspark.sql import functions as F
 
@@ -623,36 +621,38 @@ class SparkChecker:
         found_none = (F.col("kind") == IPC) & (F.col("row_state") == "none")
         is_new = (F.col("kind") == IPC) & (F.col("table_row") == "IPC-NEW") & (F.col("http_status") == 202)
         fresh = ev.filter(is_ot | found_none | is_new).select(
-            "ni", "seq", "line", F.xxhash64("client_message_id").alias("c1"), F.hash("client_message_id").alias("c2"),
-            self._hashed("outbox_id").alias("oid"), self._hashed("request_fingerprint").alias("fp"),
-            is_ot.alias("is_ot"), (is_ot | found_none).alias("follows"), is_new.alias("is_new"))
-        later = Window.partitionBy("ni", "c1", "c2").orderBy(F.col("seq").desc(), F.col("line").desc()) \
-            .rowsBetween(Window.unboundedPreceding, -1)
-        nx = F.last(F.when(F.col("follows"), F.struct("seq", "line", "is_ot", "fp", "oid")), ignorenulls=True)
-        fresh = fresh.select("*", nx.over(later).alias("nx")).filter(F.col("is_new"))
-        rows = ev.filter(is_ot).groupBy("ni", F.xxhash64("outbox_id").alias("o1"), F.hash("outbox_id").alias("o2")) \
-            .agg(F.min(F.when(F.col("from_state") == "none", F.col("seq"))).alias("made"),
-                 F.max(F.col("event") == "dispatch").alias("sent"),
-                 F.max(F.struct("seq", "line", F.col("to_state").alias("to"), "ts_ms")).alias("last"))
-        created = rows.filter(F.col("sent")).groupBy("ni").agg(F.max("made").alias("later"))
+            "ni", "seq", "line", "ts_ms", F.xxhash64("client_message_id").alias("c1"),
+            F.hash("client_message_id").alias("c2"), self._hashed("outbox_id").alias("oid"),
+            F.hash("outbox_id").alias("oid2"), self._hashed("request_fingerprint").alias("fp"),
+            is_ot.alias("is_ot"), (is_ot | found_none).alias("follows"), is_new.alias("is_new"),
+            (is_ot & (F.col("from_state") == "none")).alias("made"), (is_ot & (F.col("event") == "dispatch"))
+            .alias("sent"), (is_ot & (F.col("to_state") == "inflight")).alias("inflight"))
+        down = Window.partitionBy("ni", "c1", "c2").orderBy(F.col("seq").desc(), F.col("line").desc())
+        whole = down.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
+        fresh = fresh.select(
+            "*", F.last(F.when(F.col("follows"), F.struct("seq", "line", "is_ot", "fp", "oid")), ignorenulls=True)
+            .over(down.rowsBetween(Window.unboundedPreceding, -1)).alias("nx"),
+            F.min(F.when(F.col("made"), F.col("seq"))).over(whole).alias("created"),
+            F.max("sent").over(whole).alias("dispatched"),
+            F.max(F.when(F.col("is_ot"), F.struct("seq", "line"))).over(whole).alias("last"))
+        created = fresh.filter(F.col("dispatched")).groupBy("ni").agg(F.max("created").alias("later"))
         nxt, d = F.col("nx"), {"pk": self._pk(), "line": F.col("line")}
         other = ~nxt["is_ot"] | ~nxt["fp"].eqNullSafe(F.col("fp")) | (
             F.col("oid").isNotNull() & ~nxt["oid"].eqNullSafe(F.col("oid")))
         gs, c1, c2 = F.col("ni"), F.col("c1"), F.col("c2")
-        followed = self._explode(fresh.filter(nxt.isNotNull()), (other, self._candidate(
+        new = fresh.filter(F.col("is_new"))
+        followed = self._explode(new.filter(nxt.isNotNull()), (other, self._candidate(
             "TRC-NEW-ROW-TRACED", gs, c1, c2, {"pk": self._pk(seq=nxt["seq"]), "line": nxt["line"]}, d,
             F.when(nxt["is_ot"], "new-row-other-row").otherwise("new-row-gone"))))
         untraced = self._explode(
-            fresh.filter(nxt.isNull()).join(F.broadcast(created), "ni"),
+            new.filter(nxt.isNull()).join(F.broadcast(created), "ni"),
             (F.col("later") > F.col("seq"), self._candidate("TRC-NEW-ROW-TRACED", gs, c1, c2, d, None,
                                                             "new-row-untraced", fact=F.col("later"))))
-        window = self.ack_timeout + self.ack_grace
-        last = F.col("last")
+        last = fresh.filter(F.col("inflight") & (F.struct("seq", "line") == F.col("last")))
         unresolved = self._explode(
-            rows.filter(last["to"] == "inflight").join(F.broadcast(ends), "ni"),
-            (last["ts_ms"] + window < F.col("end"), self._candidate(
-                "TRC-INFLIGHT-RESOLVED", gs, F.col("o1"), F.col("o2"),
-                {"pk": self._pk(seq=last["seq"]), "line": last["line"]}, None, "inflight-unresolved",
+            last.join(F.broadcast(ends), "ni"),
+            (F.col("ts_ms") + (self.ack_timeout + self.ack_grace) < F.col("end"), self._candidate(
+                "TRC-INFLIGHT-RESOLVED", gs, F.col("oid"), F.col("oid2"), d, None, "inflight-unresolved",
                 fact=F.col("end"))))
         return followed.unionByName(untraced).unionByName(unresolved)
 
@@ -687,25 +687,18 @@ class SparkChecker:
                 "TRC-DUP-FINGERPRINT", blank, m1, m2, F.col("mismatch"), related, "dup-mismatch-same-fingerprint")))
 
     def _attempts(self, ev):
-        """TRC-DELIVERY-ATTEMPTS: consecutive deliveries of a (mesh, delivery_id) in (node, seq) order, as windows
-        over chunks of ``chunk`` seqs of one node, chunk boundaries on a per-chunk summary (a delivery redelivered
-        without end is never held in one task)."""
+        """TRC-DELIVERY-ATTEMPTS: consecutive deliveries of a (mesh, delivery_id) in (node, seq) order, one window
+        (a delivery's leases are few; a window partition holding many spills rather than failing)."""
         from pyspark.sql import Window
         from pyspark.sql import functions as F
 
+        point = F.struct(self._pk().alias("pk"), "line", F.col("attempt").cast("long").alias("attempt"))
         events = ev.filter(F.col("kind") == "delivery").select(
             F.xxhash64("mesh", "delivery_id").alias("m1"), F.hash("mesh", "delivery_id").alias("m2"),
-            self._pk().alias("pk"), "line", F.col("attempt").cast("long").alias("attempt"),
-            F.shiftright(self._pk(), SEQ_BITS).alias("ni"), F.floor(F.col("seq") / self.chunk).alias("chunk"))
-        point = F.struct("pk", "line", "attempt")
-        w = Window.partitionBy("m1", "m2", "ni", "chunk").orderBy("pk", "line")
-        within = events.select("m1", "m2", point.alias("at"), F.lag(point).over(w).alias("prev"))
-        summary = events.groupBy("m1", "m2", "ni", "chunk").agg(F.min(point).alias("head"),
-                                                               F.max(point).alias("tail"))
-        ws = Window.partitionBy("m1", "m2").orderBy("ni", "chunk")
-        across = summary.select("m1", "m2", F.col("head").alias("at"), F.lag("tail").over(ws).alias("prev"))
+            point.alias("at"))
+        w = Window.partitionBy("m1", "m2").orderBy("at")
+        pairs = events.select("m1", "m2", "at", F.lag("at").over(w).alias("prev"))
         blank, m1, m2 = F.lit(""), F.col("m1"), F.col("m2")
-        pairs = within.unionByName(across)
         return self._explode(pairs, (F.col("at.attempt") <= F.col("prev.attempt"), self._candidate(
             "TRC-DELIVERY-ATTEMPTS", blank, m1, m2, F.col("at"), F.col("prev"), "attempt-not-increasing")))
 
