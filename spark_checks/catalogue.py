@@ -126,9 +126,9 @@ CATALOGUE: tuple[Invariant, ...] = (
         "Per (node, client_message_id) whose last traced transition leaves its row `inflight` (a dispatch): its "
         "ts_ms plus the ack timeout (`--ack-timeout-ms`, 15 s, the reference daemon's default [outbox] "
         "ack_timeout_s; the trace does not record it) plus a grace (`--ack-grace-ms`, 5 s) is not before the daemon "
-        "node's last traced ts_ms. An inflight row is acked, times out (ack_timeout), loses its link (link_lost) or is recovered at the "
-        "next start (crash_recovery, traced before the daemon serves); a daemon stopped with it inflight traces "
-        "nothing after.",
+        "node's last traced ts_ms. An inflight row is acked, times out (ack_timeout), loses its link (link_lost) "
+        "or is recovered at the next start (crash_recovery, traced before the daemon serves); a daemon stopped with "
+        "it inflight traces nothing after.",
         frozenset({"daemon"}), ("E-16", "E-32")),
     Invariant(
         "TRC-ONE-MESSAGE", "At most one broker message per (mesh, client_message_id)",
