@@ -6,8 +6,9 @@ so that it breaks exactly one invariant per FAULT, and records where in ``<trace
 
 * ``fingerprint`` -- the last transition of the first outbox row with more than one gets another request fingerprint
   (TRC-FP-FROZEN; a spec verdict: FP-FROZEN, REQUEUE-ATOMIC);
-* ``seq`` -- a copy of the node's first ipc_decision is appended, its seq going back (TRC-SEQ-MONOTONIC; a profile
-  verdict: E-28).
+* ``seq`` -- the node's last event takes the seq of the event before it, so seq stops increasing while every subject's
+  events keep their order (TRC-SEQ-MONOTONIC; a profile verdict: E-28). A copy of an event would be a second event
+  of its subject as well: of an IPC-NEW decision, a second lookup that found no row (TRC-NEW-ROW-TRACED).
 
 The daemon itself is untouched: everything the black-box cases see is the reference's. A SIGKILL of the group (a
 crash case) kills the wrapper too and plants nothing. Run from the repository root (``tests`` must be importable).
@@ -51,12 +52,11 @@ def plant_fingerprint(path: Path, events: list[dict[str, Any]]) -> dict[str, Any
 
 
 def plant_seq(path: Path, events: list[dict[str, Any]]) -> dict[str, Any] | None:
-    first = next((e for e in events if e["kind"] == "ipc_decision"), None)
-    if first is None:
+    if len(events) < 2:
         return None
-    events.append(dict(first))
+    events[-1]["seq"] = events[-2]["seq"]
     _write(path, events)
-    return {"invariant": "TRC-SEQ-MONOTONIC", "key": {"node": first["node"]}, "line": len(events)}
+    return {"invariant": "TRC-SEQ-MONOTONIC", "key": {"node": events[-1]["node"]}, "line": len(events)}
 
 
 def plant(trace_dir: Path, faults: list[str]) -> list[dict[str, Any]]:
