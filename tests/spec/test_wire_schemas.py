@@ -417,7 +417,7 @@ def test_event_schema_shape(kind):
     assert document["additionalProperties"] is False
     assert document["required"][: len(ENVELOPE)] == ENVELOPE
     properties = document["properties"]
-    assert properties["v"] == {"const": 1}
+    assert properties["v"] == {"type": "integer", "const": 1}  # an integer literal: 1.0 is not v 1
     assert properties["kind"] == {"const": kind}
     assert properties["source"]["const"] in ("daemon", "broker")
     assert document["description"].startswith(f"Trace event ({properties['source']['const']}).")
