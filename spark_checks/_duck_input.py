@@ -21,67 +21,13 @@ from . import validity as v
 from .inputs import LocalFS, Trace, check_local_parquet, locate
 
 
-def lit(value: Any) -> str:
-    if value is None:
-        return "NULL"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    return "'" + str(value).replace("'", "''") + "'"
-
-
-class DuckDialect(v.Dialect):
-    def lit(self, value: Any) -> str:
-        return lit(value)
-
-    def and_(self, items: list[str]) -> str:
-        return "(" + " AND ".join(items) + ")" if items else "true"
-
-    def or_(self, items: list[str]) -> str:
-        return "(" + " OR ".join(items) + ")" if items else "false"
-
-    def not_(self, item: str) -> str:
-        return f"(NOT {item})"
-
-    def when(self, branches: list[tuple[str, str]], otherwise: str) -> str:
-        return "(CASE " + " ".join(f"WHEN {c} THEN {r}" for c, r in branches) + f" ELSE {otherwise} END)"
-
-    def coalesce(self, items: list[str]) -> str:
-        return items[0] if len(items) == 1 else "coalesce(" + ", ".join(items) + ")"
-
-    def eq(self, a: str, b: str) -> str:
-        return f"({a} = {b})"
-
-    def cmp(self, a: str, op: str, b: str) -> str:
-        return f"({a} {op} {b})"
-
-    def length(self, a: str) -> str:
-        return f"length({a})"
-
+class DuckDialect(v.SqlDialect):
     def matches(self, a: str, pattern: str) -> str:
         return f"regexp_matches({a}, {lit(pattern)})"
 
-    def concat(self, items: list[str]) -> str:
-        return "concat(" + ", ".join(items) + ")"
 
-    def is_null(self, a: str) -> str:
-        return f"({a} IS NULL)"
-
-    def count_true(self, items: list[str]) -> str:
-        return "(" + " + ".join(f"CAST({i} AS INTEGER)" for i in items) + ")"
-
-    def col(self, name: str) -> str:
-        return name
-
-    def in_(self, a: str, values: list[Any]) -> str:
-        return f"coalesce({a} IN ({', '.join(lit(x) for x in values)}), false)"
-
-    def hex_lower(self, a: str) -> str:
-        return f"lower(hex({a}))"
-
-    def cast_long(self, a: str) -> str:
-        return f"CAST({a} AS BIGINT)"
+#: a DuckDB literal
+lit = DuckDialect().lit
 
 
 def _json_path(path: v.Path) -> str:

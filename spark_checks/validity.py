@@ -23,6 +23,7 @@ plus every non-null column its kind does not have (an extra member), and its ``l
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from collections.abc import Callable, Iterable
@@ -348,6 +349,10 @@ class Access:
         """The first member name of the object at ``path`` not in ``allowed``, or null."""
         raise NotImplementedError
 
+    def assume(self, path: Path, value: Any) -> Access:
+        """This accessor where the member at ``path`` is known to equal ``value`` (a discriminator's branch)."""
+        return self
+
 
 class Dialect:
     """Expression builders; ``Spark`` and ``DuckDB`` implement them."""
@@ -409,6 +414,97 @@ class Dialect:
         raise NotImplementedError
 
 
+class SqlDialect(Dialect):
+    """SQL text, the part Spark SQL and DuckDB share: a tree renders to one string, parsed by the engine once
+    (building it as Spark ``Column`` objects took one py4j round trip per node, 160k for the event schema)."""
+
+    #: the cast type names
+    INT = "INTEGER"
+    BIGINT = "BIGINT"
+    STRING = "VARCHAR"
+
+    def lit(self, value: Any) -> str:
+        if value is None:
+            return f"CAST(NULL AS {self.STRING})"
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, int):
+            return str(value)
+        return self.text(str(value))
+
+    def text(self, value: str) -> str:
+        """A string literal."""
+        return "'" + value.replace("'", "''") + "'"
+
+    # Constants fold (``true``/``false`` operands, a branch that can never or must always be taken): a tree
+    # rendered for a Parquet row whose kind a branch already knows is mostly constants (``ParquetAccess.assume``).
+    @staticmethod
+    def folded(items: list[str], unit: str, zero: str) -> list[str] | str:
+        """The operands of an AND (``unit`` true, ``zero`` false) or an OR without the units, or the result."""
+        if zero in items:
+            return zero
+        kept = [item for item in items if item != unit]
+        return kept if len(kept) > 1 else kept[0] if kept else unit
+
+    def and_(self, items: list[str]) -> str:
+        kept = self.folded(items, "true", "false")
+        return kept if isinstance(kept, str) else "(" + " AND ".join(kept) + ")"
+
+    def or_(self, items: list[str]) -> str:
+        kept = self.folded(items, "false", "true")
+        return kept if isinstance(kept, str) else "(" + " OR ".join(kept) + ")"
+
+    def not_(self, item: str) -> str:
+        return {"true": "false", "false": "true"}.get(item, f"(NOT {item})")
+
+    def when(self, branches: list[tuple[str, str]], otherwise: str) -> str:
+        kept = []
+        for condition, result in branches:
+            if condition == "true":
+                otherwise = result
+                break
+            if condition != "false":
+                kept.append((condition, result))
+        if not kept:
+            return otherwise
+        return "(CASE " + " ".join(f"WHEN {c} THEN {r}" for c, r in kept) + f" ELSE {otherwise} END)"
+
+    def coalesce(self, items: list[str]) -> str:
+        if items[0] in ("true", "false"):
+            return items[0]
+        return items[0] if len(items) == 1 else "coalesce(" + ", ".join(items) + ")"
+
+    def eq(self, a: str, b: str) -> str:
+        return f"({a} = {b})"
+
+    def cmp(self, a: str, op: str, b: str) -> str:
+        return f"({a} {op} {b})"
+
+    def length(self, a: str) -> str:
+        return f"length({a})"
+
+    def concat(self, items: list[str]) -> str:
+        return "concat(" + ", ".join(items) + ")"
+
+    def is_null(self, a: str) -> str:
+        return f"({a} IS NULL)"
+
+    def count_true(self, items: list[str]) -> str:
+        return "(" + " + ".join(f"CAST({i} AS {self.INT})" for i in items) + ")"
+
+    def col(self, name: str) -> str:
+        return name
+
+    def in_(self, a: str, values: list[Any]) -> str:
+        return f"coalesce({a} IN ({', '.join(self.lit(x) for x in values)}), false)"
+
+    def hex_lower(self, a: str) -> str:
+        return f"lower(hex({a}))"
+
+    def cast_long(self, a: str) -> str:
+        return f"CAST({a} AS {self.BIGINT})"
+
+
 def _value_test(d: Dialect, a: Access, path: Path, value: Any) -> Any:
     if value is None:
         return a.type_is(path, ("null",))
@@ -430,6 +526,11 @@ class Renderer:
         self.d = dialect
         self.a = access
 
+    def knowing(self, path: Path, value: Any) -> Renderer:
+        """The renderer for a discriminator's branch: ``path`` holds ``value`` there."""
+        narrowed = self.a.assume(path, value)
+        return self if narrowed is self.a else Renderer(self.d, narrowed)
+
     def valid(self, node: Any) -> Any:
         d, a = self.d, self.a
         if isinstance(node, Check):
@@ -439,7 +540,7 @@ class Renderer:
         if isinstance(node, AnyOf):
             if node.by is not None:
                 path, values = node.by
-                return d.when([(_value_test(d, a, path, v), self.valid(item))
+                return d.when([(_value_test(d, a, path, v), self.knowing(path, v).valid(item))
                                for v, item in zip(values, node.items, strict=True)], d.lit(False))
             if node.one:
                 return d.eq(d.count_true([self.valid(item) for item in node.items]), d.lit(1))
@@ -485,7 +586,7 @@ class Renderer:
         if isinstance(node, AnyOf):
             if node.by is not None:
                 path, values = node.by
-                return d.when([(_value_test(d, a, path, v), self.explain(item))
+                return d.when([(_value_test(d, a, path, v), self.knowing(path, v).explain(item))
                                for v, item in zip(values, node.items, strict=True)],
                               d.lit(f"{member(path)}: must be one of {_show(list(values))}"))
             if node.one:
@@ -563,6 +664,7 @@ class ParquetAccess(Access):
         from . import format as fmt
 
         self.d = dialect
+        self.kind: str | None = None  # the row's kind, when a branch knows it
         self.compiled = compile_event()
         self.columns = member_columns()
         self.own = {path: ("string" if str(fmt.FLAT_SCHEMA.field(c).type) in ("string", "fixed_size_binary[32]")
@@ -580,8 +682,17 @@ class ParquetAccess(Access):
     def _below(self, path: Path) -> list[Path]:
         return [p for p in self.columns if p[:len(path)] == path and len(p) > len(path)]
 
+    def assume(self, path: Path, value: Any) -> Access:
+        if path != ("kind",):
+            return self
+        narrowed = copy.copy(self)
+        narrowed.kind = value
+        return narrowed
+
     def _of_kind(self, path: Path) -> Any:
         kinds = self.kinds_having.get(path, [])
+        if self.kind is not None:
+            return self.d.lit(self.kind in kinds)
         return self.d.in_(self.d.col("kind"), kinds) if kinds else self.d.lit(False)
 
     def _not_null(self, path: Path) -> Any:
