@@ -15,12 +15,16 @@ Theory of operation (DataFrame operations only, no Python UDFs):
   that large belong in Parquet.
 * Parquet: every file's footer is read on the driver and its columns compared with ``format.FLAT_SCHEMA``; the rows
   are then judged by the tree rendered over their typed columns (``validity.ParquetAccess``).
-* Invalid events are counted by reason and the first ``INVALID_LISTED`` fetched, in one small job; the checks then
-  read the valid events only (no filter at all when nothing is invalid).
+* Invalid events are counted by reason and the first ``INVALID_LISTED`` fetched, in one small job (a caller's own
+  aggregation of a Parquet trace -- the Spark checks' statistics -- can take the count's place in it); the checks then
+  read the valid events only: with nothing invalid, a Parquet trace's files as they are, with no validity expression
+  in the plans.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,77 +33,34 @@ from . import validity as v
 from .inputs import HadoopFS, InputError, Trace, flat_type_problems, locate
 
 
-class SparkDialect(v.Dialect):
-    def __init__(self) -> None:
-        from pyspark.sql import functions as F
+class SparkDialect(v.SqlDialect):
+    """Spark SQL text: one ``F.expr`` per tree, parsed in the JVM."""
 
-        self.F = F
+    INT = "INT"
+    STRING = "STRING"
 
-    def lit(self, value: Any) -> Any:
-        if value is None:
-            return self.F.lit(None).cast("string")
-        return self.F.lit(value)
+    def text(self, value: str) -> str:
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
     # Long conjunctions are CASE chains: Spark's code generator splits a CASE's branches into methods, never an
     # AND's operands, and the schema's tree as one AND outgrows a Java method (64 KB).
-    def and_(self, items: list[Any]) -> Any:
-        if len(items) <= 2:
-            return self.F.lit(True) if not items else items[0] if len(items) == 1 else items[0] & items[1]
-        return self.when([(~item, self.F.lit(False)) for item in items], self.F.lit(True))
+    def and_(self, items: list[str]) -> str:
+        kept = self.folded(items, "true", "false")
+        if isinstance(kept, str) or len(kept) <= 2:
+            return super().and_(items)
+        return self.when([(self.not_(item), "false") for item in kept], "true")
 
-    def or_(self, items: list[Any]) -> Any:
-        if len(items) <= 2:
-            return self.F.lit(False) if not items else items[0] if len(items) == 1 else items[0] | items[1]
-        return self.when([(item, self.F.lit(True)) for item in items], self.F.lit(False))
+    def or_(self, items: list[str]) -> str:
+        kept = self.folded(items, "false", "true")
+        if isinstance(kept, str) or len(kept) <= 2:
+            return super().or_(items)
+        return self.when([(item, "true") for item in kept], "false")
 
-    def not_(self, item: Any) -> Any:
-        return ~item
+    def matches(self, a: str, pattern: str) -> str:
+        return f"rlike({a}, {self.lit(pattern)})"
 
-    def when(self, branches: list[tuple[Any, Any]], otherwise: Any) -> Any:
-        out = None
-        for condition, result in branches:
-            out = self.F.when(condition, result) if out is None else out.when(condition, result)
-        return out.otherwise(otherwise)
-
-    def coalesce(self, items: list[Any]) -> Any:
-        return items[0] if len(items) == 1 else self.F.coalesce(*items)
-
-    def eq(self, a: Any, b: Any) -> Any:
-        return a == b
-
-    def cmp(self, a: Any, op: str, b: Any) -> Any:
-        return {">=": a >= b, "<=": a <= b}[op]
-
-    def length(self, a: Any) -> Any:
-        return self.F.length(a)
-
-    def matches(self, a: Any, pattern: str) -> Any:
-        return a.rlike(pattern)
-
-    def concat(self, items: list[Any]) -> Any:
-        return self.F.concat(*items)
-
-    def is_null(self, a: Any) -> Any:
-        return a.isNull()
-
-    def count_true(self, items: list[Any]) -> Any:
-        out = None
-        for item in items:
-            term = item.cast("int")
-            out = term if out is None else out + term
-        return out
-
-    def col(self, name: str) -> Any:
-        return self.F.col(name)
-
-    def in_(self, a: Any, values: list[Any]) -> Any:
-        return self.F.coalesce(a.isin(*values), self.F.lit(False))
-
-    def hex_lower(self, a: Any) -> Any:
-        return self.F.lower(self.F.hex(a))
-
-    def cast_long(self, a: Any) -> Any:
-        return a.cast("long")
+    def col(self, name: str) -> str:
+        return f"`{name}`"
 
 
 def _json_path(path: v.Path) -> str:
@@ -107,39 +68,38 @@ def _json_path(path: v.Path) -> str:
 
 
 class JsonAccess(v.Access):
-    """Members of the variant column ``e``; column ``t<k>`` holds path k's JSON type, ``text`` the line."""
+    """Members of the variant column ``e`` as Spark SQL; column ``t<k>`` holds path k's JSON type, ``text`` the
+    line."""
 
     def __init__(self, paths: list[v.Path]):
-        from pyspark.sql import functions as F
-
-        self.F = F
+        self.d = SparkDialect()
         self.index = {path: k for k, path in enumerate(paths)}
 
-    def t(self, path: v.Path) -> Any:
-        return self.F.col(f"t{self.index[path]}") if path else self.F.lit("object")
+    def t(self, path: v.Path) -> str:
+        return f"`t{self.index[path]}`" if path else "'object'"
 
-    def present(self, path: v.Path) -> Any:
-        return self.t(path).isNotNull()
+    def present(self, path: v.Path) -> str:
+        return f"({self.t(path)} IS NOT NULL)"
 
-    def type_is(self, path: v.Path, types: tuple[str, ...]) -> Any:
-        return self.F.coalesce(self.t(path).isin(*types), self.F.lit(False))
+    def type_is(self, path: v.Path, types: tuple[str, ...]) -> str:
+        return self.d.in_(self.t(path), list(types))
 
-    def _get(self, path: v.Path, kind: str) -> Any:
-        return self.F.try_variant_get(self.F.col("e"), _json_path(path), kind)
+    def _get(self, path: v.Path, kind: str) -> str:
+        return f"try_variant_get(`e`, {self.d.lit(_json_path(path))}, {self.d.lit(kind)})"
 
-    def string(self, path: v.Path) -> Any:
+    def string(self, path: v.Path) -> str:
         return self._get(path, "string")
 
-    def integer(self, path: v.Path) -> Any:
+    def integer(self, path: v.Path) -> str:
         return self._get(path, "bigint")
 
-    def boolean(self, path: v.Path) -> Any:
+    def boolean(self, path: v.Path) -> str:
         return self._get(path, "boolean")
 
-    def unknown_member(self, path: v.Path, allowed: tuple[str, ...]) -> Any:
-        F = self.F
-        keys = F.json_object_keys(F.get_json_object("text", _json_path(path)) if path else F.col("text"))
-        return F.try_element_at(F.array_except(keys, F.array(*[F.lit(n) for n in allowed])), F.lit(1))
+    def unknown_member(self, path: v.Path, allowed: tuple[str, ...]) -> str:
+        text = f"get_json_object(`text`, {self.d.lit(_json_path(path))})" if path else "`text`"
+        names = ", ".join(self.d.lit(n) for n in allowed)
+        return f"try_element_at(array_except(json_object_keys({text}), array({names})), 1)"
 
 
 def variant_type(column: Any) -> Any:
@@ -157,29 +117,60 @@ class Loaded:
     trace: Trace
     invalid: list[dict[str, Any]]
     reasons: dict[str, int]
+    #: the rows of the caller's ``summary`` aggregation for valid events, when it ran with the count
+    summary: list[Any] | None = None
 
 
-def read(spark: Any, paths: list[str], listed: int = fmt.INVALID_LISTED) -> tuple[Any, Loaded]:
+def read(spark: Any, paths: list[str], listed: int = fmt.INVALID_LISTED,
+         summary: Callable[[Any], Any] | None = None) -> tuple[Any, Loaded]:
     """The valid events of the trace ``paths`` name as a DataFrame of ``format.COLUMNS`` (plus ``file`` and
-    ``file_line`` for JSONL), and what was invalid. Raises ``inputs.InputError``."""
+    ``file_line`` for JSONL), and what was invalid. Raises ``inputs.InputError``.
+
+    ``summary`` (Parquet only: a JSONL line's ``line`` is numbered after the split) maps the judged events to an
+    aggregation with a ``reason`` and a count ``n`` column; it then replaces the count per reason, in the same job,
+    and its rows with a null reason are ``Loaded.summary``.
+    """
     trace = locate(paths, HadoopFS(spark))
     if trace.is_jsonl:
         valid, loaded = _split(_jsonl(spark, trace), ["fi", "n"], listed, trace)
         return number_lines(valid), loaded
-    return _split(_parquet(spark, trace), ["node", "line"], listed, trace)
+    plain, judged = _parquet(spark, trace)
+    return _split(judged, ["node", "line"], listed, trace, plain, summary)
 
 
-def _split(judged: Any, order: list[str], listed: int, trace: Trace) -> tuple[Any, Loaded]:
+def _split(judged: Any, order: list[str], listed: int, trace: Trace, plain: Any = None,
+           summary: Callable[[Any], Any] | None = None) -> tuple[Any, Loaded]:
+    """The valid rows of ``judged`` and what was invalid. With nothing invalid the valid rows are ``plain`` (the
+    rows before judging), when given: the checks' plans then carry no validity expression to analyse."""
     from pyspark.sql import functions as F
 
+    if plain is None:
+        # JSONL: the lines are parsed and judged once and kept; what follows reads the kept rows, so no plan after
+        # this carries the parse and the schema's expression (inlined into each of the catalogue's reads, its
+        # generated code ran a 2g driver out of heap)
+        judged = judged.localCheckpoint()
     bad = judged.filter(F.col("reason").isNotNull())
-    counts = {r["reason"]: r["n"] for r in bad.groupBy("reason").agg(F.count(F.lit(1)).alias("n")).collect()}
+    rows = None
+    if summary is None:
+        counts = {r["reason"]: r["n"] for r in bad.groupBy("reason").agg(F.count(F.lit(1)).alias("n")).collect()}
+    else:
+        rows, counts = [], {}
+        for r in summary(judged).collect():
+            if r["reason"] is None:
+                rows.append(r)
+            else:
+                counts[r["reason"]] = counts.get(r["reason"], 0) + r["n"]
     invalid = []
     if counts:
         invalid = [{"where": r["where"], "reason": r["reason"], "message": _message(r.asDict())} for r in
                    bad.orderBy(*[F.col(c).asc_nulls_first() for c in order]).limit(listed).collect()]
+    if not counts and plain is not None:
+        return plain, Loaded(trace, invalid, counts, rows)
     valid = judged.filter(F.col("reason").isNull()) if counts else judged
-    return valid.drop("reason", "message", "where"), Loaded(trace, invalid, counts)
+    valid = valid.drop("reason", "message", "where")
+    if counts and plain is not None:  # a Parquet trace's tolerated invalid rows: its valid rows judged once more, kept
+        valid = valid.localCheckpoint()
+    return valid, Loaded(trace, invalid, counts, rows)
 
 
 def _message(row: dict[str, Any]) -> str:
@@ -208,63 +199,78 @@ def _message(row: dict[str, Any]) -> str:
     return v.explain(event) or v.REASONS[reason]
 
 
-def _parquet(spark: Any, trace: Trace) -> Any:
+def _parquet(spark: Any, trace: Trace) -> tuple[Any, Any]:
     from pyspark.sql import functions as F
 
     from .spark import spark_schema
 
     _check_footers(spark, trace.parquet_files)
-    frames = [spark.read.schema(spark_schema()).option("basePath", root).parquet(*files)
-              for root, files in trace.datasets]
-    frame = frames[0]
-    for other in frames[1:]:
-        frame = frame.unionByName(other)
-    frame = frame.select(*fmt.COLUMNS)
+    # one scan of every file: a union of one scan per dataset would get a copy of the validity expression per
+    # dataset (Catalyst pushes projections into a union's branches), each compiled on its own -- 33 datasets took
+    # minutes. Files named one by one have no partition columns to discover (their directories are the base paths).
+    frame = spark.read.schema(spark_schema()).parquet(*trace.parquet_files).select(*fmt.COLUMNS)
     d = SparkDialect()
     renderer = v.Renderer(d, v.ParquetAccess(d))
     tree = v.compile_event().tree
     layout = F.col("line").isNull() | (F.col("line") < 0)
-    reason = F.when(layout, "layout").when(~renderer.valid(tree), "schema")
+    reason = F.when(layout, "layout").when(~F.expr(renderer.valid(tree)), "schema")
     where = F.concat(F.coalesce(F.col("node"), F.lit("null")), F.lit("@line "),
                      F.coalesce(F.col("line").cast("string"), F.lit("null")))
-    return frame.select("*", reason.alias("reason"), F.lit(None).cast("string").alias("message"),
-                        where.alias("where"))
+    return frame, frame.select("*", reason.alias("reason"), F.lit(None).cast("string").alias("message"),
+                               where.alias("where"))
+
+
+#: a field of a Parquet schema's text (``MessageType.toString()``): repetition, type (with a length), name, annotation
+FOOTER_FIELD = re.compile(r"(?:required|optional|repeated) (\w+)(?:\((\d+)\))? ([^\s;({]+)(?: \((.*)\))?;?")
+#: a Parquet column's physical type and annotation -> its ``format.FLAT_SCHEMA`` type
+FOOTER_TYPES = {"INT32 INTEGER(8,true)": "int8", "INT32": "int32", "INT32 INTEGER(32,true)": "int32",
+                "INT64": "int64", "INT64 INTEGER(64,true)": "int64", "BINARY STRING": "string",
+                "BOOLEAN": "bool", "FIXED_LEN_BYTE_ARRAY(32)": "fixed_size_binary[32]"}
+
+
+def footer_columns(text: str) -> dict[str, str]:
+    """The top-level columns of a Parquet schema's text and their ``FLAT_SCHEMA`` types (a group is ``group``, a
+    field the text does not spell as expected is named by its line and typed ``unreadable``)."""
+    columns: dict[str, str] = {}
+    depth = 0
+    for line in text.splitlines()[1:]:
+        stripped = line.strip()
+        if depth == 0 and stripped and stripped != "}":
+            field = FOOTER_FIELD.match(stripped)
+            if field is None:
+                columns[stripped] = "unreadable"
+            elif field[1] == "group":
+                columns[field[3]] = "group"
+            else:
+                physical = field[1].upper() + (f"({field[2]})" if field[2] else "")
+                physical += f" {field[4]}" if field[4] else ""
+                columns[field[3]] = FOOTER_TYPES.get(physical, physical)
+        depth += stripped.count("{") - stripped.count("}")
+    return columns
 
 
 def _check_footers(spark: Any, files: list[str]) -> None:
-    """Read each Parquet file's footer on the driver and compare its columns with ``format.FLAT_SCHEMA``."""
+    """Read each Parquet file's footer on the driver and compare its columns with ``format.FLAT_SCHEMA``: a few
+    py4j calls per file (the schema comes back as one text), each distinct schema parsed once."""
     jvm = spark._jvm
     conf = spark._jsc.hadoopConfiguration()
-    expected = {"INT32 INTEGER(8,true)": "int8", "INT32": "int32", "INT32 INTEGER(32,true)": "int32",
-                "INT64": "int64", "INT64 INTEGER(64,true)": "int64", "BINARY STRING": "string",
-                "BOOLEAN": "bool", "FIXED_LEN_BYTE_ARRAY(32)": "fixed_size_binary[32]"}
+    hadoop_path = jvm.org.apache.hadoop.fs.Path
+    open_reader = jvm.org.apache.parquet.hadoop.ParquetFileReader.open
+    input_file = jvm.org.apache.parquet.hadoop.util.HadoopInputFile.fromPath
+    parsed: dict[str, dict[str, str]] = {}
     problems: list[str] = []
     for location in files:
         try:
-            path = jvm.org.apache.hadoop.fs.Path(location)
-            reader = jvm.org.apache.parquet.hadoop.ParquetFileReader.open(
-                jvm.org.apache.parquet.hadoop.util.HadoopInputFile.fromPath(path, conf))
+            reader = open_reader(input_file(hadoop_path(location), conf))
             try:
-                schema = reader.getFooter().getFileMetaData().getSchema()
+                text = reader.getFooter().getFileMetaData().getSchema().toString()
             finally:
                 reader.close()
         except Exception as exc:  # py4j's error for any unreadable file
             raise InputError(f"{location}: not a readable Parquet file ({str(exc).splitlines()[0]})") from None
-        columns = {}
-        for field in schema.getFields():
-            name = field.getName()
-            if not field.isPrimitive():
-                columns[name] = "group"
-                continue
-            primitive = field.asPrimitiveType()
-            text = primitive.getPrimitiveTypeName().name()
-            if text == "FIXED_LEN_BYTE_ARRAY":
-                text += f"({primitive.getTypeLength()})"
-            annotation = field.getLogicalTypeAnnotation()
-            if annotation is not None:
-                text += " " + annotation.toString()
-            columns[name] = expected.get(text, text)
-        problems += flat_type_problems(columns, location)
+        if text not in parsed:
+            parsed[text] = footer_columns(text)
+        problems += flat_type_problems(parsed[text], location)
     if problems:
         raise InputError("Parquet columns do not match the trace layout: " + "; ".join(problems[:5])
                          + (f"; and {len(problems) - 5} more" if len(problems) > 5 else ""))
@@ -275,8 +281,6 @@ EMPTY_AUTHORITY = r"^([A-Za-z][A-Za-z0-9+.-]*):///"
 
 
 def _same_uri(location: str) -> str:
-    import re
-
     return re.sub(EMPTY_AUTHORITY, r"\1:/", location)
 
 
@@ -320,18 +324,18 @@ def _jsonl(spark: Any, trace: Trace) -> Any:
     lines = lines.select("*", *[F.when(judged_line, variant_type(F.variant_get("e", _json_path(p), "variant")))
                                 .alias(f"t{k}") for k, p in enumerate(paths)])
 
-    def keys_repeat(path: v.Path) -> Any:
-        keys = F.json_object_keys(F.get_json_object("text", _json_path(path)) if path else F.col("text"))
-        return F.coalesce(F.size(keys) != F.size(F.array_distinct(keys)), F.lit(False))
+    def keys_repeat(path: v.Path) -> str:
+        text = f"get_json_object(`text`, {d.lit(_json_path(path))})" if path else "`text`"
+        return f"coalesce(size(json_object_keys({text})) != size(array_distinct(json_object_keys({text}))), false)"
 
     d = SparkDialect()
-    duplicate = d.or_([keys_repeat(p) for p in compiled.object_paths])
-    integer = d.or_([F.coalesce(access.t(p) == "number", F.lit(False)) for p in compiled.integer_paths])
+    duplicate = F.expr(d.or_([keys_repeat(p) for p in compiled.object_paths]))
+    integer = F.expr(d.or_([d.true(d.eq(access.t(p), "'number'")) for p in compiled.integer_paths]))
     renderer = v.Renderer(d, access)
     torn = F.col("line_reason").isin(*v.TORN) & ~F.col("terminated")
     reason = (F.when(torn, v.TORN_TAIL).when(F.col("line_reason").isNotNull(), F.col("line_reason"))
               .when(duplicate, "duplicate_member").when(integer, "integer_literal")
-              .when(~renderer.valid(compiled.tree), "schema"))
+              .when(~F.expr(renderer.valid(compiled.tree)), "schema"))
     judged = lines.select("*", reason.alias("reason"))
     judged = judged.select("*", F.when(F.col("reason").isNotNull(), F.col("text")).alias("message"),
                            F.concat("display", F.lit(":"), F.col("n").cast("string")).alias("where"))

@@ -7,9 +7,11 @@ Theory of operation. Everything is DataFrame operations -- no Python UDFs, and t
 to Spark as Arrow (`local_frame`) -- so executors never start Python and the plan is the same on two local cores or a
 cluster.
 
-1. One small pre-job (an aggregation with two grouping sets) learns each node's last ts, whether its ``seq - line``
-   is constant, which meshes have broker events, which sources are present, and -- from a sample -- which (node,
-   client_message_id) subjects are heavy.
+1. One small pre-job (two aggregations, ``_summary``) learns each node's last ts, whether its ``seq - line`` is
+   constant, which meshes have broker events, which sources are present, and -- from a sample -- which (node,
+   client_message_id) subjects are heavy. For a Parquet trace it is the read's own pass, which also counts the
+   invalid events; a JSONL trace's valid events are kept (``localCheckpoint``) after the read, which parsed and
+   judged them, and the pre-job reads them from there.
 2. One job runs the catalogue, reading the dataset four times:
 
    * the per-row invariants (outbox legality, IPC consistency, frozen fingerprint, ids never freed, max age) are
@@ -143,17 +145,20 @@ class SparkChecker:
         kept in ``self.loaded``. Raises ``inputs.InputError`` for unusable input."""
         from spark_checks._spark_input import read
 
-        frame, self.loaded = read(self.spark, [str(p) for p in paths])
+        frame, self.loaded = read(self.spark, [str(p) for p in paths], summary=self._summary)
         return frame
 
     # --- the run ------------------------------------------------------------------------------------------------
     def check(self, paths: Path | str | list[Path] | list[str]) -> Report:
+        from pyspark.sql import Window
         from pyspark.sql import functions as F
 
         started = time.monotonic()
         self.timings = {}
         paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
         ev = self.read(paths)
+        if self.loaded.trace.is_jsonl:  # lines parsed and judged once, not again in every pass over the events
+            ev = ev.localCheckpoint()
         stats = self._stats(ev)
         self._mark("stats", started)
         names = stats["nodes"]
@@ -162,16 +167,16 @@ class SparkChecker:
         candidates = self._candidates(ev, stats)
         first = F.min(F.struct("o", "r", "e_pk", "e_line", "r_pk", "r_line", "mode", "detail")).alias("first")
         grouped = candidates.groupBy("invariant", "gs", "g1", "g2").agg(first).select("invariant", "first.*")
-        grouped = grouped.cache()
-        counts = {row["invariant"]: row["count"] for row in grouped.groupBy("invariant").count().collect()}
-        chosen = grouped
+        # one job: each violation carries its invariant's count, and only the first ``limit`` (at least one, for
+        # the count) are fetched
+        per_invariant = Window.partitionBy("invariant")
+        ranked = grouped.select("*", F.count(F.lit(1)).over(per_invariant).alias("violations"),
+                                F.row_number().over(per_invariant.orderBy("o", "r")).alias("rank"))
         if self.limit is not None:
-            from pyspark.sql import Window
-
-            rank = F.row_number().over(Window.partitionBy("invariant").orderBy("o", "r"))
-            chosen = grouped.withColumn("rank", rank).filter(F.col("rank") <= self.limit).drop("rank")
-        rows = [self._decode(row, names) for row in chosen.collect()]
-        grouped.unpersist()
+            ranked = ranked.filter(F.col("rank") <= max(self.limit, 1))
+        collected = ranked.collect()
+        counts = {row["invariant"]: row["violations"] for row in collected}
+        rows = [self._decode(row, names) for row in collected if self.limit is None or row["rank"] <= self.limit]
         self._mark("catalogue", started)
         violations = self._evidence(ev, rows)
         self._mark("evidence", started)
@@ -201,26 +206,38 @@ class SparkChecker:
         return decoded
 
     # --- the pre-job --------------------------------------------------------------------------------------------
-    def _stats(self, ev) -> dict[str, Any]:
-        """Per-node statistics and the sampled heavy subjects, in one small job.
+    def _summary(self, frame):
+        """The pre-job's aggregation: per-node statistics and the sampled heavy subjects of the valid events, and
+        per ``reason`` the count of invalid ones when ``frame`` has that column (the judged events of a Parquet
+        read, which this aggregation then counts in the same pass).
 
-        The inner aggregation groups by (node, source, mesh, sampled id), where the id is set for a sample of the
-        outbox and IPC events only; the outer one folds the sampled groups back into their node's statistics and
-        lists the sampled ids that look heavy.
+        The inner aggregation groups by (reason, node, source, mesh, sampled id), where the id is set for a sample
+        of the valid outbox and IPC events only and an invalid event has only its reason; the outer one folds the
+        sampled groups back into their node's statistics and lists the sampled ids that look heavy.
         """
         from pyspark.sql import functions as F
 
+        judged = "reason" in frame.columns
+        valid = F.col("reason").isNull() if judged else F.lit(True)
+        reason = F.col("reason") if judged else F.lit(None).cast("string")
         fraction = min(1.0, SAMPLE_TARGET / self.chunk)
         threshold = self.chunk if fraction >= 1.0 else SAMPLE_TARGET // 2
-        sampled = F.when(F.col("kind").isin(OT, IPC) & (F.rand(11) < fraction), F.col("client_message_id"))
-        inner = ev.groupBy("node", "source", "mesh", sampled.alias("sampled")).agg(
+        sampled = F.when(valid & F.col("kind").isin(OT, IPC) & (F.rand(11) < fraction), F.col("client_message_id"))
+        inner = frame.groupBy(reason.alias("reason"), *[F.when(valid, F.col(c)).alias(c) for c in
+                                                        ("node", "source", "mesh")], sampled.alias("sampled")).agg(
             F.min(F.col("seq") - F.col("line")).alias("d_min"), F.max(F.col("seq") - F.col("line")).alias("d_max"),
             F.max("ts_ms").alias("last_ts"), F.count(F.lit(1)).alias("n"))
-        rows = inner.groupBy("node", "source", "mesh").agg(
+        return inner.groupBy("reason", "node", "source", "mesh").agg(
             F.min("d_min").alias("d_min"), F.max("d_max").alias("d_max"), F.max("last_ts").alias("last_ts"),
             F.sum("n").alias("n"),
             F.collect_list(F.when(F.col("sampled").isNotNull() & (F.col("n") > threshold), F.col("sampled")))
-            .alias("heavy")).collect()
+            .alias("heavy"))
+
+    def _stats(self, ev) -> dict[str, Any]:
+        """The statistics the catalogue is planned with: ``_summary``'s rows from the read, when it counted the
+        invalid events with them (Parquet), else from a job of their own (JSONL, whose lines are numbered after
+        the read)."""
+        rows = self.loaded.summary if self.loaded.summary is not None else self._summary(ev).collect()
         node_end: dict[str, int] = {}
         spread: dict[str, tuple[int, int]] = {}
         sources: set[str] = set()
