@@ -57,6 +57,25 @@ def _count(text: str) -> int:
     return int(float(text[:-1] if scale > 1 else text) * scale)
 
 
+def bounded(low: int, high: int, what: str):
+    """An argparse type: an integer in [low, high] (the checks do 64-bit arithmetic with these)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is not {what} ({low} to {high})")
+        return value
+
+    return parse
+
+
+#: a duration option in milliseconds: at most 2^31 - 1 (24.8 days)
+DURATION_MS = bounded(0, 2**31 - 1, "a duration in milliseconds")
+
+
 def _parser() -> argparse.ArgumentParser:
     from .catalogue import DEFAULT_ACK_GRACE_MS, DEFAULT_ACK_TIMEOUT_MS, DEFAULT_REDELIVERY_GRACE_MS, INJECTIONS
     from .format import DEFAULT_BUCKETS
@@ -104,12 +123,14 @@ def _parser() -> argparse.ArgumentParser:
                             "host)")
     check.add_argument("--report", help="write the JSON report here (a path or URI; Spark writes Hadoop URIs)")
     check.add_argument("--tolerate", choices=tuple(TOLERATE), help=TOLERATE_HELP)
-    check.add_argument("--limit", type=int, default=100, help="violations listed per invariant")
-    check.add_argument("--chunk", type=int, default=None, help="Spark: events per window chunk of a heavy subject")
-    check.add_argument("--redelivery-grace-ms", type=int, default=DEFAULT_REDELIVERY_GRACE_MS)
-    check.add_argument("--ack-timeout-ms", type=int, default=DEFAULT_ACK_TIMEOUT_MS,
+    check.add_argument("--limit", type=bounded(0, 2**31 - 1, "a count"), default=100,
+                       help="violations listed per invariant")
+    check.add_argument("--chunk", type=bounded(1, 2**31 - 1, "a chunk size"), default=None,
+                       help="Spark: events per window chunk of a heavy subject")
+    check.add_argument("--redelivery-grace-ms", type=DURATION_MS, default=DEFAULT_REDELIVERY_GRACE_MS)
+    check.add_argument("--ack-timeout-ms", type=DURATION_MS, default=DEFAULT_ACK_TIMEOUT_MS,
                        help="the traced daemons' ack timeout ([outbox] ack_timeout_s; the trace does not record it)")
-    check.add_argument("--ack-grace-ms", type=int, default=DEFAULT_ACK_GRACE_MS,
+    check.add_argument("--ack-grace-ms", type=DURATION_MS, default=DEFAULT_ACK_GRACE_MS,
                        help="how late after its ack timeout an inflight row's resolution may be traced")
 
     convert = sub.add_parser("convert", help="JSONL trace files -> Parquet dataset, or a dataset -> JSONL")
