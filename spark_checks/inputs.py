@@ -158,11 +158,19 @@ def locate(arguments: Iterable[str], fs: LocalFS | HadoopFS) -> Trace:
         events = join(argument, "events")
         root = events if fs.is_dir(events) else argument
         files = [(loc, rel) for loc, rel in fs.files(root) if not _hidden(rel)]
+        stray = sorted(rel for _, rel in files if not rel.endswith((".jsonl", ".parquet")))
+        if stray:  # a trace directory holds trace files only: a misnamed file would be a node left out unseen
+            raise InputError(f"{root}: {stray[0]}{f' and {len(stray) - 1} more' if len(stray) > 1 else ''}: neither "
+                             f"a .jsonl nor a .parquet file (a trace directory holds trace files only; names "
+                             f"starting with . or _ are skipped)")
         parquet = sorted(loc for loc, rel in files if rel.endswith(".parquet"))
+        found = sorted((rel, loc) for loc, rel in files if rel.endswith(".jsonl"))
+        if parquet and found:
+            raise InputError(f"{root} holds both JSONL and Parquet files: check one trace at a time (meshtrace "
+                             f"convert turns JSONL into a Parquet dataset)")
         if parquet:
             datasets.append((root, tuple(parquet)))
             continue
-        found = sorted((rel, loc) for loc, rel in files if rel.endswith(".jsonl"))
         if not found:
             raise InputError(f"no trace files (*.jsonl or *.parquet) in {argument}")
         for rel, loc in found:

@@ -31,12 +31,25 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+#: The most objects and arrays (``{`` and ``[`` outside strings) one line may open: an event opens two; any nesting
+#: bomb (a member nested thousands deep, which one parser refuses, another's recursion overflows on and a third
+#: accepts) opens more, and is ``nesting`` in every engine before any parser sees it.
+MAX_CONTAINERS = 64
+#: Counting outside strings on any text, the same in Python, RE2 and Java and without recursion (Java's regex
+#: engine recurses per repetition of an alternation and overflows its stack on a long string): every backslash and
+#: the character after it become ``__`` (``[\s\S]``: a ``.`` stops at ``\r`` in Java only), then what is between two
+#: quotes is a string, blanked to ``""``, and every character but ``[`` and ``{`` is dropped.
+ESCAPE_PATTERN = r"\\[\s\S]"
+PLAIN_STRING_PATTERN = r'"[^"]*"'
+NOT_OPENING = r"[^\[{]"
+
 #: Reasons an event is invalid, in the order they are decided (the first that applies is reported).
 REASONS: dict[str, str] = {
     "not_utf8": "the line is not valid UTF-8",
     "blank": "the line is empty or white space only (a trace writer never writes one)",
     "bom": "the line starts with a byte order mark (U+FEFF)",
     "lone_surrogate": "a \\uD800-\\uDFFF escape that is not half of a surrogate pair",
+    "nesting": f"more than {MAX_CONTAINERS} objects and arrays outside strings (an event has at most two)",
     "not_json": "not exactly one JSON text (RFC 8259)",
     "not_object": "a JSON text that is not an object",
     "duplicate_member": "a member name twice in the event or in one of its object members",
@@ -927,6 +940,14 @@ def _constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def too_many_containers(text: str) -> bool:
+    """More than ``MAX_CONTAINERS`` ``{``/``[`` outside strings (counted on any text, JSON or not)."""
+    if text.count("[") + text.count("{") <= MAX_CONTAINERS:
+        return False
+    blanked = re.sub(PLAIN_STRING_PATTERN, '""', re.sub(ESCAPE_PATTERN, "__", text))
+    return len(re.sub(NOT_OPENING, "", blanked)) > MAX_CONTAINERS
+
+
 def has_lone_surrogate(text: str) -> bool:
     neutral = _LONE[1].sub("__", _LONE[0].sub("__", text))
     return _LONE[2].search(neutral) is not None
@@ -957,6 +978,8 @@ def _parse_line(raw: bytes, check_schema: Callable[[dict[str, Any]], str | None]
         return None, "bom", REASONS["bom"]
     if has_lone_surrogate(text):
         return None, "lone_surrogate", REASONS["lone_surrogate"]
+    if too_many_containers(text):
+        return None, "nesting", REASONS["nesting"]
     try:
         event = json.loads(text, object_pairs_hook=_pairs, parse_constant=_constant, parse_float=FloatLiteral)
     except (ValueError, RecursionError) as exc:

@@ -1,5 +1,5 @@
 """Input validity: every engine reports exactly the invalid lines of fixtures/traces/malformed with their reasons,
-and ``meshtrace check`` exits as expected.json says, plain and with --tolerate; Parquet rows are judged by the same
+and ``meshtrace check`` exits as _expected.json says, plain and with --tolerate; Parquet rows are judged by the same
 rules; the schema compiler agrees with jsonschema and refuses what it does not translate."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from spark_checks.cli import main as meshtrace
 from spec import SCHEMA_BASE, fast_validator, schema_registry
 
 CORPUS = Path(__file__).resolve().parents[2] / "fixtures" / "traces" / "malformed"
-CASES = json.loads((CORPUS / "expected.json").read_text())["cases"]
+CASES = json.loads((CORPUS / "_expected.json").read_text())["cases"]
 LEVELS = ("plain", "torn-tail", "invalid")
 
 
