@@ -9,16 +9,29 @@ The valid lines become the flat rows (``format.FLAT_SCHEMA``, plus ``file`` and 
 
 A Parquet dataset is a view; the tree is rendered over its typed columns (a row's JSON view, ``validity``) and
 ``ev`` is the plain view when nothing is invalid, else the valid rows only.
+
+File names. DuckDB reads every path it is given as a glob (``*``, ``?`` and ``[...]`` match other files:
+``daemon-n[1].jsonl`` reads ``daemon-n1.jsonl``) and expands a leading ``~``; DuckDB 2.0 has no setting or function
+that opens a path as it is written, and its only escape, a one-character class such as ``[[]``, still lists the
+directory and leaves names that are not UTF-8 unreadable. So DuckDB is never given a name from the trace: each file
+``inputs.locate`` listed is reached through a symbolic link ``<k>.jsonl`` / ``<k>.parquet`` in a new temporary
+directory whose path is checked to be plain (``_links``), and the link's number maps back to the listed file, whose
+name is what reports show. A JSONL trace is read into tables at once and its links removed; a Parquet trace's view
+reads through them until ``Loaded.close``.
 """
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
+import tempfile
 from dataclasses import dataclass
 from typing import Any
 
 from . import format as fmt
 from . import validity as v
-from .inputs import LocalFS, Trace, check_local_parquet, locate
+from .inputs import InputError, LocalFS, Trace, check_local_parquet, locate
 
 
 class DuckDialect(v.SqlDialect):
@@ -79,10 +92,18 @@ class Loaded:
     trace: Trace
     invalid: list[dict[str, Any]]
     reasons: dict[str, int]
+    links: str | None = None  # the directory of links a Parquet trace's ``ev`` reads through
+
+    def close(self) -> None:
+        """Remove the links; call it once ``ev`` is no longer read (after closing the connection)."""
+        if self.links:
+            shutil.rmtree(self.links, ignore_errors=True)
+            self.links = None
 
 
 def load(con: Any, paths: list[str], listed: int = fmt.INVALID_LISTED) -> Loaded:
-    """Create ``ev`` (the valid events) in ``con`` from the trace ``paths`` name; raises ``inputs.InputError``."""
+    """Create ``ev`` (the valid events) in ``con`` from the trace ``paths`` name; raises ``inputs.InputError``.
+    The caller calls ``Loaded.close`` when done with ``ev``."""
     trace = locate(paths, LocalFS("duckdb"))
     if trace.is_jsonl:
         return _jsonl(con, trace, listed)
@@ -90,8 +111,38 @@ def load(con: Any, paths: list[str], listed: int = fmt.INVALID_LISTED) -> Loaded
     return _parquet(con, trace, listed)
 
 
+#: a path DuckDB reads as it is written: absolute, no glob character, no ``~``, no quote, no backslash
+_PLAIN = re.compile(r"/[A-Za-z0-9._/+=@%,:-]*")
+
+
+def _links(files: list[str], suffix: str) -> tuple[str, list[str]]:
+    """A new temporary directory holding a link ``<k><suffix>`` to the ``k``-th of ``files``, and those links."""
+    directory = tempfile.mkdtemp(prefix="meshtrace-duckdb-files-")
+    try:
+        if not _PLAIN.fullmatch(directory):
+            raise InputError(f"the temporary directory {directory} has characters DuckDB reads as a pattern; "
+                             "set TMPDIR to a plain path")
+        links = []
+        for k, target in enumerate(files):
+            links.append(os.path.join(directory, f"{k}{suffix}"))
+            os.symlink(os.path.abspath(target), links[-1])
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+    return directory, links
+
+
 def _parquet(con: Any, trace: Trace, listed: int) -> Loaded:
-    files = ", ".join(lit(f) for f in trace.parquet_files)
+    directory, links = _links(trace.parquet_files, ".parquet")
+    try:
+        return _parquet_view(con, trace, listed, directory, links)
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+
+
+def _parquet_view(con: Any, trace: Trace, listed: int, directory: str, links: list[str]) -> Loaded:
+    files = ", ".join(lit(f) for f in links)
     columns = ", ".join(fmt.COLUMNS)
     con.execute(f"CREATE VIEW ev_all AS SELECT {columns} FROM read_parquet([{files}], hive_partitioning = false)")
     renderer = v.Renderer(DuckDialect(), v.ParquetAccess(DuckDialect()))
@@ -108,22 +159,26 @@ def _parquet(con: Any, trace: Trace, listed: int) -> Loaded:
         f"SELECT \"where\", reason, message FROM bad ORDER BY node NULLS FIRST, line NULLS FIRST LIMIT {listed}"
     ).fetchall()]
     con.execute(f"CREATE VIEW ev AS SELECT * FROM ev_all{f' WHERE {valid}' if reasons else ''}")
-    return Loaded(trace, invalid, reasons)
+    return Loaded(trace, invalid, reasons, directory)
 
 
 def _jsonl(con: Any, trace: Trace, listed: int) -> Loaded:
-    con.execute("CREATE TEMP TABLE files (fi INTEGER, location VARCHAR, display VARCHAR)")
-    con.executemany("INSERT INTO files VALUES (?, ?, ?)",
-                    [(k, f.location, f.display) for k, f in enumerate(trace.jsonl)])
-    locations = ", ".join(lit(f.location) for f in trace.jsonl)
-    # the lines of each file: decoded whole when the file is UTF-8, else line by line from its hex digits
-    con.execute(f"""
-        CREATE TEMP TABLE parts AS
-        SELECT f.fi, CASE WHEN try(decode(b.content)) IS NOT NULL THEN string_split(decode(b.content), chr(10))
-                          ELSE list_transform(string_split(regexp_replace(hex(b.content),
-                                 '((?:[0-9A-F]{{2}})*?)0A', '\\1|', 'g'), '|'),
-                               lambda h: try(decode(unhex(h)))) END AS parts
-        FROM read_blob([{locations}]) b JOIN files f ON b.filename = f.location""")
+    directory, links = _links([f.location for f in trace.jsonl], ".jsonl")
+    try:
+        con.execute("CREATE TEMP TABLE files (fi INTEGER, location VARCHAR, display VARCHAR)")
+        con.executemany("INSERT INTO files VALUES (?, ?, ?)",
+                        [(k, link, f.display) for k, (f, link) in enumerate(zip(trace.jsonl, links, strict=True))])
+        locations = ", ".join(lit(link) for link in links)
+        # the lines of each file: decoded whole when the file is UTF-8, else line by line from its hex digits
+        con.execute(f"""
+            CREATE TEMP TABLE parts AS
+            SELECT f.fi, CASE WHEN try(decode(b.content)) IS NOT NULL THEN string_split(decode(b.content), chr(10))
+                              ELSE list_transform(string_split(regexp_replace(hex(b.content),
+                                     '((?:[0-9A-F]{{2}})*?)0A', '\\1|', 'g'), '|'),
+                                   lambda h: try(decode(unhex(h)))) END AS parts
+            FROM read_blob([{locations}]) b JOIN files f ON b.filename = f.location""")
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
     con.execute("""
         CREATE TEMP TABLE raw AS
         SELECT fi, n, text, n < total AS terminated FROM (
@@ -131,6 +186,12 @@ def _jsonl(con: Any, trace: Trace, listed: int) -> Loaded:
         WHERE NOT (n = total AND text IS NOT DISTINCT FROM '')""")
     lone = (f"regexp_matches(regexp_replace(regexp_replace(text, {lit(v.ESCAPED_BACKSLASH)}, '__', 'g'), "
             f"{lit(v.SURROGATE_PAIR)}, '__', 'g'), {lit(v.SURROGATE)})")
+    def openings(text: str) -> str:
+        return f"length(regexp_replace({text}, {lit(v.NOT_OPENING)}, '', 'g')) > {v.MAX_CONTAINERS}"
+
+    blanked = (f"regexp_replace(regexp_replace(text, {lit(v.ESCAPE_PATTERN)}, '__', 'g'), "
+               f"{lit(v.PLAIN_STRING_PATTERN)}, '\"\"', 'g')")
+    nesting = f"({openings('text')} AND {openings(blanked)})"
     lax = f"regexp_matches(regexp_replace(text, {lit(v.STRING_PATTERN)}, '\"\"', 'g'), {lit(v.LAX_TOKENS)})"
     con.execute(f"""
         CREATE TEMP TABLE lines AS
@@ -139,6 +200,7 @@ def _jsonl(con: Any, trace: Trace, listed: int) -> Loaded:
             WHEN regexp_full_match(text, {lit(v.BLANK_PATTERN[1:-1])}) THEN 'blank'
             WHEN starts_with(text, chr(65279)) THEN 'bom'
             WHEN {lone} THEN 'lone_surrogate'
+            WHEN {nesting} THEN 'nesting'
             WHEN NOT json_valid(text) THEN 'not_json'
             WHEN {lax} THEN 'not_json'
             WHEN json_type(text) <> 'OBJECT' THEN 'not_object'

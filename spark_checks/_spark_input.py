@@ -27,6 +27,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 from . import format as fmt
 from . import validity as v
@@ -208,7 +209,7 @@ def _parquet(spark: Any, trace: Trace) -> tuple[Any, Any]:
     # one scan of every file: a union of one scan per dataset would get a copy of the validity expression per
     # dataset (Catalyst pushes projections into a union's branches), each compiled on its own -- 33 datasets took
     # minutes. Files named one by one have no partition columns to discover (their directories are the base paths).
-    frame = spark.read.schema(spark_schema()).parquet(*trace.parquet_files).select(*fmt.COLUMNS)
+    frame = spark.read.schema(spark_schema()).parquet(*map(exact, trace.parquet_files)).select(*fmt.COLUMNS)
     d = SparkDialect()
     renderer = v.Renderer(d, v.ParquetAccess(d))
     tree = v.compile_event().tree
@@ -261,7 +262,7 @@ def _check_footers(spark: Any, files: list[str]) -> None:
     problems: list[str] = []
     for location in files:
         try:
-            reader = open_reader(input_file(hadoop_path(location), conf))
+            reader = open_reader(input_file(hadoop_path(path_text(location)), conf))
             try:
                 text = reader.getFooter().getFileMetaData().getSchema().toString()
             finally:
@@ -279,6 +280,21 @@ def _check_footers(spark: Any, files: list[str]) -> None:
 #: ``file:///x`` and ``file:/x`` name one file (Hadoop lists the first, Spark's ``_metadata.file_path`` is the second)
 EMPTY_AUTHORITY = r"^([A-Za-z][A-Za-z0-9+.-]*):///"
 
+#: the characters of Hadoop's glob patterns (``GlobPattern``, ``GlobExpander``), backslash its escape
+HADOOP_GLOB = re.compile(r"([\\*?\[\]{}])")
+
+
+def path_text(location: str) -> str:
+    """A listed file (``inputs.HadoopFS``: a percent-encoded URI) as the text ``new Path(text)`` names it by."""
+    return unquote(location)
+
+
+def exact(location: str) -> str:
+    """A listed file as a path Spark reads as written: Spark globs a path holding ``* ? [ ] { } \\``
+    (``daemon-n[1].jsonl`` would read ``daemon-n1.jsonl``), so each is escaped with a backslash, which Hadoop's
+    ``Globber`` takes off again (a component with no pattern left is looked up, not listed)."""
+    return HADOOP_GLOB.sub(r"\\\1", path_text(location))
+
 
 def _same_uri(location: str) -> str:
     return re.sub(EMPTY_AUTHORITY, r"\1:/", location)
@@ -292,7 +308,7 @@ def _jsonl(spark: Any, trace: Trace) -> Any:
     spark.conf.set("spark.sql.variant.allowDuplicateKeys", "true")  # found by json_object_keys, as the rules say
     files = local_frame(spark, [(k, _same_uri(f.location), f.display) for k, f in enumerate(trace.jsonl)],
                         "fi int, location string, display string")
-    raw = (spark.read.text([f.location for f in trace.jsonl], wholetext=True)
+    raw = (spark.read.text([exact(f.location) for f in trace.jsonl], wholetext=True)
            .select(F.regexp_replace("_metadata.file_path", EMPTY_AUTHORITY, "$1:/").alias("location"), "value")
            .join(F.broadcast(files), "location"))
     by_hex = F.transform(F.split(F.regexp_replace(F.hex(F.col("value").cast("binary")), "((?:[0-9A-F]{2})*?)0A",
@@ -306,11 +322,17 @@ def _jsonl(spark: Any, trace: Trace) -> Any:
     wrapped = F.try_parse_json(F.concat(F.lit("["), F.col("text"), F.lit("]")))
     lone = F.regexp_replace(F.regexp_replace("text", v.ESCAPED_BACKSLASH, "__"), v.SURROGATE_PAIR, "__") \
         .rlike(v.SURROGATE)
+    def openings(text: Any) -> Any:
+        return F.length(F.regexp_replace(text, v.NOT_OPENING, "")) > v.MAX_CONTAINERS
+
+    blanked = F.regexp_replace(F.regexp_replace("text", v.ESCAPE_PATTERN, "__"), v.PLAIN_STRING_PATTERN, '""')
+    nesting = openings(F.col("text")) & openings(blanked)
     lines = lines.select("*", wrapped.alias("w"))
     first = (F.when(~F.is_valid_utf8("text"), "not_utf8")
              .when(F.col("text").rlike(r"\A[ \t\r]*\z"), "blank")
              .when(F.col("text").startswith("\ufeff"), "bom")
              .when(lone, "lone_surrogate")
+             .when(nesting, "nesting")
              .when(F.col("w").isNull() | (F.size(F.col("w").cast("array<variant>")) != 1), "not_json"))
     lines = lines.select("fi", "display", "n", "text", "terminated", first.alias("line_reason"),
                          F.variant_get("w", "$[0]", "variant").alias("e"))
