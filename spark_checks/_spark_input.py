@@ -132,6 +132,11 @@ def read(spark: Any, paths: list[str], listed: int = fmt.INVALID_LISTED,
     and its rows with a null reason are ``Loaded.summary``.
     """
     trace = locate(paths, HadoopFS(spark))
+    for location in [f.location for f in trace.jsonl] + trace.parquet_files:
+        name = path_text(location).rsplit("/", 1)[-1]
+        if ":" in name:  # Hadoop makes ".<name>.crc" a relative path, and a colon makes that a URI: it fails
+            raise InputError(f"{path_text(location)}: Hadoop (Spark) cannot read a file whose name holds ':'; "
+                             f"rename it, or check it with --engine duckdb or --engine oracle")
     if trace.is_jsonl:
         valid, loaded = _split(_jsonl(spark, trace), ["fi", "n"], listed, trace)
         return number_lines(valid), loaded

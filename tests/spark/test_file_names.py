@@ -18,6 +18,8 @@ from trace_testkit import Daemon, fingerprint, same_answers
 from spark_checks import format as fmt
 from spark_checks import oracle
 
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "traces" / "malformed"
+
 NAMES = ["n[1]", "n1", "n{a,b}", "na", "nb", "n?x", "nAx", "n*", "n x", "n#h", "n%41", "nA", "n'q", 'n"q', "n;q",
          "n\\b", "né", "n,c", "n]c", "n}c"]
 TOP = "~t [1]"  # a leading ~ (DuckDB expands it) and a bracket in a directory
@@ -90,3 +92,16 @@ def test_spark_reads_exactly_the_listed_files(spark, tmp_path: Path):
     by_spark_pq, by_oracle_pq = checker.check(str(parquet)), oracle.check(str(parquet))
     assert same_answers(by_spark_pq, by_oracle_pq) == []
     assert by_spark_pq.events == by_oracle_pq.events
+
+
+@pytest.mark.spark
+def test_spark_refuses_a_file_name_with_a_colon_as_input(spark, tmp_path: Path):
+    """Hadoop cannot open ``a:c.jsonl`` (its checksum file's relative name parses as a URI): exit 2 with the reason,
+    before any job, while the oracle reads the file."""
+    from spark_checks._spark_input import read
+    from spark_checks.inputs import InputError
+
+    (tmp_path / "daemon-a:c.jsonl").write_bytes((FIXTURES / "crlf.jsonl").read_bytes())
+    with pytest.raises(InputError, match=r"daemon-a:c\.jsonl: Hadoop \(Spark\) cannot read a file whose name holds"):
+        read(spark, [str(tmp_path)])
+    assert oracle.check(tmp_path).events == 29
