@@ -65,15 +65,21 @@ class Invariant:
 CATALOGUE: tuple[Invariant, ...] = (
     Invariant(
         "TRC-OUTBOX-LEGAL", "Outbox transitions are legal and replay per row",
-        ("OBX-DISPATCH", "OBX-BROKER-OUTCOMES", "OBX-LATE-ACK", "OBX-TERMINAL", "REQUEUE-STATES",
+        ("OBX-DISPATCH", "OBX-BROKER-OUTCOMES", "OBX-LATE-ACK", "OBX-TERMINAL", "REQUEUE-STATES", "REQUEUE-ATOMIC",
          "REC-INFLIGHT-TO-PENDING"),
         ("node", "outbox_id"), ("outbox_transition",), "prefix", "illegal_transition",
         "Every outbox_transition is a `transition` row of spec/tables/outbox.yaml (from, event, to, table_row; a "
         "requeue successor is `none -> pending` with event requeue), and replayed in seq order per (node, "
-        "client_message_id) its `from` is the previous transition's `to` for the same outbox row (`none` for the "
-        "first transition of a row) and its `attempts` is the previous value plus one for a dispatch, else unchanged "
-        "(0 for a new row).",
-        frozenset({"daemon"}), ("E-14", "E-16", "E-17", "E-28")),
+        "client_message_id) its `from` is the previous transition's `to` for the same outbox row and its `attempts` "
+        "is the previous value plus one for a dispatch, else unchanged. A row's first transition starts from `none` "
+        "with attempts 0, or from `pending` (every row is created pending, attempts 0: a daemon stopped between "
+        "the commit that created it and that event, restarted, E-32) only when the node's trace shows the row "
+        "created: a 202 IPC-NEW ipc_decision of that node whose outbox_id is that row, or the requeue (to "
+        "`aborted`) of another row of the node whose superseded_by names it, anywhere in the node's trace. A "
+        "requeue successor's `none -> pending` is the effect of one requeue (REQUEUE-ATOMIC): a row whose "
+        "`superseded_by` names it went to `aborted` by a requeue, and the successor carries that row's table_row "
+        "(spec/schemas/trace/outbox_transition.json); with several such rows, the first is compared.",
+        frozenset({"daemon"}), ("E-14", "E-16", "E-17", "E-28", "E-32")),
     Invariant(
         "TRC-IPC-CONSISTENT", "IPC decisions match the row state at that moment",
         ("IPC-NEW-ROW", "IPC-PENDING-MATCH", "IPC-INFLIGHT-MATCH", "IPC-DONE-MATCH", "IPC-DONE-MISMATCH",
@@ -105,7 +111,10 @@ CATALOGUE: tuple[Invariant, ...] = (
         ("OBX-MAX-AGE-DEAD",),
         ("node", "outbox_id"), ("outbox_transition",), "prefix", "max_age_violated",
         "No row is dispatched (OB-PENDING-DISPATCH) at a ts_ms after its max_age_at_ms, and no row is aged out "
-        "(OB-PENDING-MAX-AGE) at or before it.",
+        "(OB-PENDING-MAX-AGE) at or before it. The deadline cannot be moved to launder an old row: every transition "
+        "of a row carries the enqueued_at_ms of the row's previous transition (set once, at insert) and a "
+        "max_age_at_ms not above the previous one (a shorter negotiated max age lowers a live row's deadline, or sets "
+        "one it lacked; nothing raises it), so a row's own max_age_at_ms is its lowest.",
         frozenset({"daemon"}), ("E-05", "E-14")),
     Invariant(
         "TRC-NEW-ROW-TRACED", "The row a 202 IPC-NEW inserted is traced",
@@ -169,13 +178,15 @@ CATALOGUE: tuple[Invariant, ...] = (
         "Every delivery names a broker_message_id the broker committed for the same (mesh, client_message_id).",
         frozenset({"broker"})),
     Invariant(
-        "TRC-DELIVERY-ACKED", "Every delivery is eventually acked or still leased",
-        ("BRK-REDELIVER",),
+        "TRC-DELIVERY-ACKED", "Every delivery is eventually acked or still leased, and every ack names a delivery",
+        ("BRK-REDELIVER", "BRK-CLIENT-ACK"),
         ("mesh", "delivery_id"), ("delivery", "delivery_ack"), "prefix", "unacked_delivery",
         "Per (mesh, delivery_id): either a delivery_ack exists and no delivery follows it, or the latest delivery's "
         "lease_until_ms plus the redelivery grace is not before the broker node's last traced ts_ms (it may still "
-        "be acked or delivered again).",
-        frozenset({"broker"})),
+        "be acked or delivered again). Every delivery_ack names a delivery the broker traced: one of the same "
+        "(mesh, delivery_id) with the ack's recipient and broker_message_id (a client_ack settles only its own "
+        "delivery, E-36); the delivery comes first (E-32), so an ack before it shows as a delivery after the ack.",
+        frozenset({"broker"}), ("E-32", "E-36")),
     Invariant(
         "TRC-DELIVERY-ATTEMPTS", "A delivery's attempt grows with every lease",
         ("BRK-REDELIVER-LEASE",),
@@ -290,6 +301,10 @@ DETAILS: dict[str, tuple[str, tuple[str, ...]]] = {
                     ("e.from_state", "e.event", "e.to_state", "e.table_row", "r.to_state|none")),
     "outbox-attempts": ("%s --%s--> %s (%s) with attempts %s, expected %s",
                         ("e.from_state", "e.event", "e.to_state", "e.table_row", "e.attempts", "fact")),
+    "outbox-successor-row": ("requeue successor %s traced with %s; the retired row %s was requeued with %s",
+                             ("e.outbox_id", "e.table_row", "r.outbox_id", "r.table_row")),
+    "outbox-successor-orphan": ("requeue successor %s (%s): no row was requeued in its favour (none names it in "
+                                "superseded_by)", ("e.outbox_id", "e.table_row")),
     # TRC-IPC-CONSISTENT
     "ipc-row-state": ("%s %s for row_state %s, but the row was %s",
                       ("e.table_row", "e.http_status", "e.row_state", "r.to_state|none")),
@@ -313,6 +328,10 @@ DETAILS: dict[str, tuple[str, tuple[str, ...]]] = {
                            ("e.table_row", "e.ts_ms", "e.max_age_at_ms")),
     "max-age-aged-out": ("aged out (%s) at ts_ms %s, not after its max_age_at_ms %s",
                          ("e.table_row", "e.ts_ms", "e.max_age_at_ms")),
+    "max-age-raised": ("%s --%s--> %s raises max_age_at_ms to %s; the row's previous transition had %s",
+                       ("e.from_state", "e.event", "e.to_state", "e.max_age_at_ms", "r.max_age_at_ms")),
+    "max-age-enqueued-changed": ("%s --%s--> %s carries enqueued_at_ms %s; the row's previous transition had %s",
+                                 ("e.from_state", "e.event", "e.to_state", "e.enqueued_at_ms", "r.enqueued_at_ms")),
     # TRC-ONE-MESSAGE
     "one-message-messages": ("%s broker messages for one client_message_id: %s first, %s last",
                              ("fact", "r.broker_message_id", "e.broker_message_id")),
@@ -334,6 +353,8 @@ DETAILS: dict[str, tuple[str, tuple[str, ...]]] = {
                          ("e.delivery_id", "e.attempt", "e.lease_until_ms", "fact")),
     "delivery-after-ack": ("delivery %s delivered again (attempt %s) after its ack at seq %s",
                            ("e.delivery_id", "e.attempt", "r.seq")),
+    "delivery-ack-unknown": ("ack of delivery %s (broker message %s, recipient %s) names no delivery the broker "
+                             "traced", ("e.delivery_id", "e.broker_message_id", "e.recipient")),
     # TRC-ONE-INBOX-ROW
     "inbox-rows": ("%s inbox rows inserted for client_message_id %s: inbox_seq %s first, %s last",
                    ("fact", "e.client_message_id", "r.inbox_seq", "e.inbox_seq")),

@@ -46,7 +46,7 @@ WITH
 rows AS MATERIALIZED (
   SELECT e.node, e.client_message_id AS cmid, e.seq, e.line, e.ts_ms, e.kind = 'outbox_transition' AS is_ot,
          e.outbox_id AS oid, e.request_fingerprint AS fp, e.from_state AS fr, e.to_state AS tos, e.attempts AS att,
-         e.table_row, e.row_state AS st, e.fingerprint_match AS fm, e.max_age_at_ms, l.delta,
+         e.table_row, e.row_state AS st, e.fingerprint_match AS fm, e.max_age_at_ms, e.enqueued_at_ms AS enq, l.delta,
          a.answer IS NOT NULL AS tok, x.answer AS expected_answer
   FROM ev e
   LEFT JOIN legal l ON e.kind = 'outbox_transition'
@@ -59,13 +59,28 @@ rows AS MATERIALIZED (
   WHERE e.kind IN ('outbox_transition', 'ipc_decision')),
 w AS MATERIALIZED (
   SELECT *,
-    last_value(CASE WHEN is_ot THEN {{'seq': seq, 'line': line, 'tos': tos, 'oid': oid, 'att': att}} END IGNORE NULLS)
+    last_value(CASE WHEN is_ot THEN {{'seq': seq, 'line': line, 'tos': tos, 'oid': oid, 'att': att,
+                                        'mag': max_age_at_ms, 'enq': enq}} END IGNORE NULLS)
       OVER (PARTITION BY node, cmid ORDER BY seq, line ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS p,
     first_value(CASE WHEN is_ot THEN {{'seq': seq, 'line': line, 'fp': fp}} END IGNORE NULLS)
       OVER (PARTITION BY node, cmid ORDER BY seq, line ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS f
   FROM rows),
+shown_created AS (
+  -- the rows the node's trace shows created (anywhere in it): named by a 202 IPC-NEW decision, or a requeue
+  -- successor named by another row's requeue
+  SELECT node, outbox_id AS oid FROM ev
+  WHERE kind = 'ipc_decision' AND table_row = 'IPC-NEW' AND http_status = 202 AND outbox_id IS NOT NULL
+  UNION
+  SELECT node, superseded_by FROM ev
+  WHERE kind = 'outbox_transition' AND event = 'requeue' AND from_state <> 'none' AND to_state = 'aborted'
+        AND superseded_by IS NOT NULL AND superseded_by <> outbox_id),
 wc AS (
-  SELECT *, p IS NOT NULL AND p.oid = oid AS same_row FROM w),
+  -- a row's first transition may start at `pending` when the trace shows the row created: a daemon stopped between
+  -- the commit that created the row and its event (E-32)
+  SELECT w.*, p IS NOT NULL AND p.oid = w.oid AS same_row,
+         coalesce(CASE WHEN p IS NOT NULL AND p.oid = w.oid THEN fr IS NOT DISTINCT FROM p.tos
+                       ELSE fr = 'none' OR (fr = 'pending' AND c.oid IS NOT NULL) END, false) AS from_ok
+  FROM w LEFT JOIN shown_created c ON w.is_ot AND w.fr = 'pending' AND c.node = w.node AND c.oid = w.oid),
 ledger AS MATERIALIZED (
   SELECT mesh, client_message_id AS cmid, broker_message_id AS bmid,
     min((node, seq, line)) FILTER (WHERE kind = 'accept_commit' OR (kind = 'accept_decision'
@@ -97,14 +112,21 @@ deliveries AS (
     FROM ev WHERE kind IN ('delivery', 'delivery_ack') GROUP BY ALL) d
   LEFT JOIN node_end n ON n.node = d.last[1]
   WHERE d.last IS NOT NULL),
+unknown_acks AS (
+  SELECT a.mesh, a.delivery_id, min((a.node, a.seq, a.line)) AS ack
+  FROM ev a WHERE a.kind = 'delivery_ack' AND NOT EXISTS (
+    SELECT 1 FROM ev d WHERE d.kind = 'delivery' AND d.mesh = a.mesh AND d.delivery_id = a.delivery_id
+                             AND d.recipient = a.recipient AND d.broker_message_id = a.broker_message_id)
+  GROUP BY ALL),
 inbox AS (
   SELECT recipient, client_message_id AS cmid, count(*) AS n, min((node, seq, line)) AS low,
          max((node, seq, line)) AS high
   FROM ev WHERE kind = 'inbox_insert' AND inserted GROUP BY ALL HAVING count(*) > 1),
 requeues AS (
   SELECT node, k,
-    arg_min((seq, line, request_fingerprint), (seq, line)) FILTER (WHERE from_state = 'none') AS new,
-    arg_min((seq, line, request_fingerprint), (seq, line)) FILTER (WHERE from_state <> 'none') AS old
+    arg_min((seq, line, request_fingerprint, table_row, to_state = 'pending' AND attempts = 0),
+            (seq, line)) FILTER (WHERE from_state = 'none') AS new,
+    arg_min((seq, line, request_fingerprint, table_row), (seq, line)) FILTER (WHERE from_state <> 'none') AS old
   FROM (SELECT *, CASE WHEN from_state = 'none' THEN outbox_id ELSE superseded_by END AS k FROM ev
         WHERE kind = 'outbox_transition' AND event = 'requeue' AND (from_state = 'none' OR to_state = 'aborted'))
   GROUP BY ALL),
@@ -165,10 +187,10 @@ candidates AS (
          CASE WHEN same_row THEN node END AS r_node, CASE WHEN same_row THEN p.seq END AS r_seq,
          CASE WHEN same_row THEN p.line END AS r_line, false AS by_line,
          CASE WHEN delta IS NULL THEN 'outbox-not-a-transition'
-              WHEN fr IS DISTINCT FROM CASE WHEN same_row THEN p.tos ELSE 'none' END THEN 'outbox-from'
+              WHEN NOT from_ok THEN 'outbox-from'
               ELSE 'outbox-attempts' END AS detail,
          CAST((CASE WHEN same_row THEN p.att ELSE 0 END) + coalesce(delta, 0) AS VARCHAR) AS fact
-  FROM wc WHERE is_ot AND (delta IS NULL OR fr IS DISTINCT FROM CASE WHEN same_row THEN p.tos ELSE 'none' END
+  FROM wc WHERE is_ot AND (delta IS NULL OR NOT from_ok
                            OR att IS DISTINCT FROM (CASE WHEN same_row THEN p.att ELSE 0 END) + coalesce(delta, 0))
   UNION ALL
   SELECT 'TRC-IPC-CONSISTENT', node || '|' || cmid, node, seq, line, CASE WHEN p IS NOT NULL THEN node END, p.seq,
@@ -190,12 +212,19 @@ candidates AS (
   SELECT 'TRC-ID-NEVER-FREED', node || '|' || cmid, node, seq, line, node, f.seq, f.line, false, 'id-freed', NULL
   FROM wc WHERE is_ot AND fr = 'none' AND p IS NOT NULL
   UNION ALL
-  SELECT 'TRC-MAX-AGE', node || '|' || oid, node, seq, line, NULL, NULL, NULL, false,
-         CASE WHEN table_row = 'OB-PENDING-DISPATCH' THEN 'max-age-dispatched' ELSE 'max-age-aged-out' END, NULL
-  FROM rows WHERE is_ot AND ((table_row = 'OB-PENDING-DISPATCH' AND max_age_at_ms IS NOT NULL
-                              AND ts_ms > max_age_at_ms)
-                             OR (table_row = 'OB-PENDING-MAX-AGE' AND (max_age_at_ms IS NULL
-                                                                       OR ts_ms <= max_age_at_ms)))
+  SELECT 'TRC-MAX-AGE', node || '|' || oid, node, seq, line, CASE WHEN moved THEN node END,
+         CASE WHEN moved THEN p.seq END, CASE WHEN moved THEN p.line END, false, age_case, NULL
+  FROM (SELECT *, age_case IN ('max-age-raised', 'max-age-enqueued-changed') AS moved FROM (
+    SELECT *,
+      CASE WHEN table_row = 'OB-PENDING-DISPATCH' AND max_age_at_ms IS NOT NULL AND ts_ms > max_age_at_ms
+             THEN 'max-age-dispatched'
+           WHEN table_row = 'OB-PENDING-MAX-AGE' AND (max_age_at_ms IS NULL OR ts_ms <= max_age_at_ms)
+             THEN 'max-age-aged-out'
+           WHEN same_row AND p.mag IS NOT NULL AND (max_age_at_ms IS NULL OR max_age_at_ms > p.mag)
+             THEN 'max-age-raised'
+           WHEN same_row AND enq IS DISTINCT FROM p.enq THEN 'max-age-enqueued-changed' END AS age_case
+    FROM wc WHERE is_ot))
+  WHERE age_case IS NOT NULL
   UNION ALL
   SELECT 'TRC-SIDE-EFFECTS', mesh || '|' || cmid, bad[1], bad[2], bad[3], NULL, NULL, NULL, false,
          'side-effects-counts', NULL
@@ -229,12 +258,21 @@ candidates AS (
          'delivery-after-ack', NULL
   FROM deliveries WHERE ack IS NOT NULL AND last > ack
   UNION ALL
+  SELECT 'TRC-DELIVERY-ACKED', mesh || '|' || delivery_id, ack[1], ack[2], ack[3], NULL, NULL, NULL, false,
+         'delivery-ack-unknown', NULL
+  FROM unknown_acks
+  UNION ALL
   SELECT 'TRC-ONE-INBOX-ROW', recipient || '|' || cmid, high[1], high[2], high[3], low[1], low[2], low[3], false,
          'inbox-rows', CAST(n AS VARCHAR)
   FROM inbox
   UNION ALL
   SELECT 'TRC-FP-FROZEN', node || '|' || k, node, new[1], new[2], node, old[1], old[2], false, 'fp-successor', NULL
   FROM requeues WHERE new IS NOT NULL AND old IS NOT NULL AND new[3] <> old[3]
+  UNION ALL
+  SELECT 'TRC-OUTBOX-LEGAL', node || '|' || k, node, new[1], new[2], CASE WHEN old IS NOT NULL THEN node END, old[1],
+         old[2], false, CASE WHEN old IS NULL THEN 'outbox-successor-orphan' ELSE 'outbox-successor-row' END, NULL
+  FROM requeues WHERE new IS NOT NULL AND new[5] AND 'none|requeue|pending|' || new[4] IN (SELECT tkey FROM legal)
+                      AND (old IS NULL OR new[4] <> old[4])
   UNION ALL
   SELECT 'TRC-EVENT-IDS-MONOTONIC', node, node, seq, line, node, prev[1], prev[2], true, 'event_id-not-increasing',
          NULL
@@ -344,6 +382,7 @@ def check(paths: str | Path | list[str] | list[Path], threads: int | None = None
     counts = dict(Counter(candidate[0] for candidate in found))
     violations = _violations(con, found, evidence_events)
     con.close()
+    loaded.close()
     shutil.rmtree(spill, ignore_errors=True)
     return Report("duckdb", ", ".join(map(str, paths)), events, sorted(sources), time.monotonic() - started,
                   sort_violations(violations), counts, loaded.invalid,
@@ -354,6 +393,7 @@ def check(paths: str | Path | list[str] | list[Path], threads: int | None = None
 
 #: the prefix invariants whose evidence is one outbox row's transitions (the others take the whole subject's)
 ONE_ROW = ("TRC-OUTBOX-LEGAL", "TRC-FP-FROZEN", "TRC-MAX-AGE")
+SUCCESSOR_CASES = ("fp-successor", "outbox-successor-row", "outbox-successor-orphan")
 
 
 def _violations(con: Any, found: list[tuple[Any, ...]], evidence_events: int) -> list[Violation]:
@@ -367,7 +407,7 @@ def _violations(con: Any, found: list[tuple[Any, ...]], evidence_events: int) ->
         "SELECT e.* FROM ev e JOIN wanted ON e.node = w_node AND e.line = w_line")}
     row_subjects, delivery_subjects = [], []
     for vid, (invariant_id, node, seq, line, _, _, _, case, _) in enumerate(found):
-        if BY_ID[invariant_id].evidence != "prefix" or case == "fp-successor":  # a successor shows its pair
+        if BY_ID[invariant_id].evidence != "prefix" or case in SUCCESSOR_CASES:  # a successor shows its pair
             continue
         event = rows[(node, line)]
         if invariant_id == "TRC-DELIVERY-ACKED":

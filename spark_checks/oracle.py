@@ -53,15 +53,15 @@ Ref = tuple[str, int, int]  # (node, seq, line)
 
 OT_COLUMNS = ("node", "seq", "line", "ts_ms", "mesh", "client_message_id", "outbox_id", "request_fingerprint",
               "from_state", "to_state", "event", "table_row", "attempts", "max_age_at_ms", "broker_message_id",
-              "superseded_by")
+              "superseded_by", "enqueued_at_ms")
 IPC_COLUMNS = ("node", "seq", "line", "client_message_id", "request_fingerprint", "row_state", "fingerprint_match",
                "table_row", "http_status", "outbox_id")
 AD_COLUMNS = ("node", "seq", "line", "mesh", "client_message_id", "table_row", "broker_message_id")
 AC_COLUMNS = ("node", "seq", "line", "mesh", "client_message_id", "broker_message_id", "effects_dedupe",
               "effects_message", "effects_history", "effects_delivery", "recipients")
 DL_COLUMNS = ("node", "seq", "line", "mesh", "client_message_id", "broker_message_id", "delivery_id",
-              "lease_until_ms")
-DA_COLUMNS = ("node", "seq", "line", "mesh", "delivery_id")
+              "lease_until_ms", "recipient")
+DA_COLUMNS = ("node", "seq", "line", "mesh", "delivery_id", "recipient", "broker_message_id")
 DUP_COLUMNS = ("node", "seq", "line", "mesh", "client_message_id", "table_row", "request_fingerprint")
 ATTEMPT_COLUMNS = ("node", "seq", "line", "mesh", "delivery_id", "attempt")
 INBOX_SEQ_COLUMNS = ("node", "seq", "line", "recipient", "client_message_id", "inserted", "inbox_seq")
@@ -325,6 +325,15 @@ class Oracle:
                     st.aborted[(event[0], event[15])].append(event)
         for event in ipc:
             subjects[(event[0], event[3])].append((event[1], 0, event))
+        # the rows the node's trace shows created (anywhere in it): named by a 202 IPC-NEW decision, or a requeue
+        # successor named by another row's requeue. This bucket's; a first transition at `pending` whose row is not
+        # among them is decided at the end (_starts), against the decisions naming a row of another bucket (kept in
+        # st.created) and the requeues (st.aborted)
+        rows_here = {(e[0], e[6]) for e in ot}
+        created = {(e[0], e[9]) for e in ipc if e[7] == "IPC-NEW" and e[8] == 202 and e[9] is not None}
+        st.created.update(created - rows_here)
+        created.update((e[0], e[15]) for e in ot if e[10] == "requeue" and e[8] != "none" and e[9] == "aborted"
+                       and e[15] is not None and e[15] != e[6])
         tables = self.tables
         for (node, cmid), events in subjects.items():
             events.sort(key=lambda e: (e[0], e[2][2]))
@@ -334,22 +343,29 @@ class Oracle:
             for seq, is_ot, event in events:
                 history.append((seq, is_ot, event))
                 if is_ot:
-                    (_, _, _, ts, _, _, oid, fp, from_state, to_state, ev, table_row, attempts, max_age_at, _,
-                     _) = event
-                    if (table_row == "OB-PENDING-DISPATCH" and max_age_at is not None and ts > max_age_at) or (
-                            table_row == "OB-PENDING-MAX-AGE" and (max_age_at is None or ts <= max_age_at)):
-                        self._add(st, "TRC-MAX-AGE", (("node", node), ("outbox_id", oid)), event, None,
-                                  "max-age-dispatched" if table_row == "OB-PENDING-DISPATCH" else "max-age-aged-out",
-                                  self._prefix(history, event, kinds_ot_only=True, row=oid))
+                    (_, _, _, _, _, _, oid, fp, from_state, to_state, ev, table_row, attempts, _, _, _, _) = event
+                    same_row = last is not None and last[6] == oid
+                    age_case = self._max_age_case(event, last if same_row else None)
+                    if age_case:
+                        related = last if age_case in ("max-age-raised", "max-age-enqueued-changed") else None
+                        self._add(st, "TRC-MAX-AGE", (("node", node), ("outbox_id", oid)), event, related, age_case,
+                                  self._prefix(history, event, kinds_ot_only=True, row=oid, related=related))
                     if first is None:
                         first = event
-                    same_row = last is not None and last[6] == oid
                     delta = tables.attempts_delta(from_state, ev, to_state, table_row)
-                    expected_from = last[9] if same_row else "none"
+                    # a row is created `none -> pending`; its first transition may start at `pending` when the
+                    # daemon stopped between the commit that created it and that event (E-32), if the trace shows
+                    # the row created
+                    start = not same_row and from_state == "pending"
+                    from_ok = from_state == last[9] if same_row else (
+                        from_state == "none" or (start and (node, oid) in created))
                     expected_attempts = (last[12] if same_row else 0) + (delta or 0)
-                    if delta is None or from_state != expected_from or attempts != expected_attempts:
+                    if start and not from_ok and delta is not None:
+                        st.starts.append((event, attempts == expected_attempts, expected_attempts,
+                                          self._prefix(history, event, kinds_ot_only=True, row=oid)))
+                    elif delta is None or not from_ok or attempts != expected_attempts:
                         case = ("outbox-not-a-transition" if delta is None else
-                                "outbox-from" if from_state != expected_from else "outbox-attempts")
+                                "outbox-from" if not from_ok else "outbox-attempts")
                         self._add(st, "TRC-OUTBOX-LEGAL", (("node", node), ("outbox_id", oid)), event,
                                   last if same_row else None, case,
                                   self._prefix(history, event, kinds_ot_only=True, row=oid,
@@ -378,6 +394,20 @@ class Oracle:
                     if problem:
                         self._add(st, "TRC-IPC-CONSISTENT", (("node", node), ("client_message_id", cmid)), event,
                                   last, problem, self._prefix(history, event, related=last), fact=fact)
+
+    @staticmethod
+    def _max_age_case(event: tuple[Any, ...], previous: tuple[Any, ...] | None) -> str:
+        """The TRC-MAX-AGE case of an outbox transition (``previous``: the row's transition before it), or ''."""
+        ts, table_row, max_age_at, enqueued_at = event[3], event[11], event[13], event[16]
+        if table_row == "OB-PENDING-DISPATCH" and max_age_at is not None and ts > max_age_at:
+            return "max-age-dispatched"
+        if table_row == "OB-PENDING-MAX-AGE" and (max_age_at is None or ts <= max_age_at):
+            return "max-age-aged-out"
+        if previous is not None and previous[13] is not None and (max_age_at is None or max_age_at > previous[13]):
+            return "max-age-raised"
+        if previous is not None and enqueued_at != previous[16]:
+            return "max-age-enqueued-changed"
+        return ""
 
     def _ledger(self, ot: list[tuple[Any, ...]], ad: list[tuple[Any, ...]], ac: list[tuple[Any, ...]],
                 dl: list[tuple[Any, ...]], st: _State) -> None:
@@ -427,13 +457,22 @@ class Oracle:
                     self._add(st, "TRC-DELIVERY-COMMITTED", key, ref, None, "delivery-uncommitted", [ref])
 
     def _deliveries(self, dl: list[tuple[Any, ...]], da: list[tuple[Any, ...]], st: _State) -> None:
-        """TRC-DELIVERY-ACKED (decided at the end, when each broker node's last ts is known)."""
-        groups: dict[tuple[str, str], list[list[Any]]] = defaultdict(lambda: [[], []])
-        for node, seq, line, mesh, _cmid, _bmid, did, lease in dl:
+        """TRC-DELIVERY-ACKED (decided at the end, when each broker node's last ts is known), but for an ack that
+        names no traced delivery (its recipient and broker message), decided here."""
+        groups: dict[tuple[str, str], list[Any]] = defaultdict(lambda: [[], [], set(), []])
+        for node, seq, line, mesh, _cmid, bmid, did, lease, recipient in dl:
             groups[(mesh, did)][0].append(((node, seq, line), lease))
-        for node, seq, line, mesh, did in da:
+            groups[(mesh, did)][2].add((recipient, bmid))
+        for node, seq, line, mesh, did, recipient, bmid in da:
             groups[(mesh, did)][1].append((node, seq, line))
-        for (mesh, did), (deliveries, acks) in groups.items():
+            groups[(mesh, did)][3].append(((node, seq, line), (recipient, bmid)))
+        for (mesh, did), (deliveries, acks, named, ack_names) in groups.items():
+            unknown = [ref for ref, name in ack_names if name not in named]
+            if unknown:
+                ack = min(unknown)
+                refs = sorted([ref for ref, _ in deliveries if ref <= ack] + [ref for ref in acks if ref <= ack])
+                self._add(st, "TRC-DELIVERY-ACKED", (("mesh", mesh), ("delivery_id", did)), ack, None,
+                          "delivery-ack-unknown", self._trim(refs))
             if not deliveries:
                 continue
             deliveries.sort()
@@ -608,14 +647,36 @@ class Oracle:
             elif last > ack:
                 refs = sorted(prefix + [a for a in acks if a < last])
                 self._add(st, "TRC-DELIVERY-ACKED", key, last, ack, "delivery-after-ack", self._trim(refs, ack))
+        self._starts(st)
+        firsts: dict[tuple[str, str], tuple[Any, ...]] = {}  # each successor row's first `none -> pending`
         for successor in st.successors:
-            node, oid, fp = successor[0], successor[6], successor[7]
+            current = firsts.get((successor[0], successor[6]))
+            if current is None or (successor[1], successor[2]) < (current[1], current[2]):
+                firsts[(successor[0], successor[6])] = successor
+        for (node, oid), successor in firsts.items():
+            fp, key, ref = successor[7], (("node", node), ("outbox_id", oid)), (node, successor[1], successor[2])
             retired = sorted(st.aborted.get((node, oid), ()), key=lambda e: (e[1], e[2]))
+            rel = None if not retired else (retired[0][0], retired[0][1], retired[0][2])
             if retired and retired[0][7] != fp:
-                aborted = retired[0]
-                ref, rel = (node, successor[1], successor[2]), (aborted[0], aborted[1], aborted[2])
-                self._add(st, "TRC-FP-FROZEN", (("node", node), ("outbox_id", oid)), ref, rel, "fp-successor",
-                          sorted([rel, ref]))
+                self._add(st, "TRC-FP-FROZEN", key, ref, rel, "fp-successor", sorted([rel, ref]))
+            # REQUEUE-ATOMIC, for a successor event the replay finds legal (else that is reported at the same event)
+            if successor[12] != 0 or self.tables.attempts_delta("none", "requeue", successor[9],
+                                                                successor[11]) is None:
+                continue
+            if not retired:
+                self._add(st, "TRC-OUTBOX-LEGAL", key, ref, None, "outbox-successor-orphan", [ref])
+            elif retired[0][11] != successor[11]:
+                self._add(st, "TRC-OUTBOX-LEGAL", key, ref, rel, "outbox-successor-row", sorted([rel, ref]))
+
+    def _starts(self, st: _State) -> None:
+        """TRC-OUTBOX-LEGAL for each first transition at `pending` whose row its bucket did not show created: legal
+        (but for its attempts) when the node's trace shows the row created anywhere, else `outbox-from`."""
+        for event, attempts_ok, expected_attempts, evidence in st.starts:
+            node, oid = event[0], event[6]
+            made = (node, oid) in st.created or any(e[6] != oid for e in st.aborted.get((node, oid), ()))
+            if not made or not attempts_ok:
+                self._add(st, "TRC-OUTBOX-LEGAL", (("node", node), ("outbox_id", oid)), event, None,
+                          "outbox-attempts" if made else "outbox-from", evidence, fact=expected_attempts)
 
     # --- helpers ----------------------------------------------------------------------------------------------
     def _trim(self, refs: list[Ref], related: Ref | None = None) -> list[Ref]:
@@ -685,6 +746,8 @@ class _State:
     lines: dict[str, tuple[array, array]] = field(default_factory=dict)
     sse: dict[str, tuple[array, array, array]] = field(default_factory=dict)
     successors: list[tuple[Any, ...]] = field(default_factory=list)
+    created: set[tuple[str, str]] = field(default_factory=set)  # rows named by a decision of another bucket
+    starts: list[tuple[Any, ...]] = field(default_factory=list)  # first transitions at `pending`, undecided
     aborted: dict[tuple[str, str], list[tuple[Any, ...]]] = field(default_factory=lambda: defaultdict(list))
     done_candidates: list[tuple[Any, ...]] = field(default_factory=list)
     delivery_candidates: list[tuple[Any, ...]] = field(default_factory=list)

@@ -65,6 +65,8 @@ from spec import load_table
 #: the outbox table's states, ``none`` (no row) first (spec/tables/outbox.yaml)
 STATES = tuple(load_table("outbox")["inputs"]["state"])
 NONE_CODE = STATES.index("none") + 1  # array_position (1-based) of "none" in STATES
+PENDING_CODE = STATES.index("pending") + 1
+START, START_ATTEMPTS = "start", "start-attempts"  # _rows' cases of a first transition starting at `pending`
 DEFAULT_CHUNK = 1 << 17
 SAMPLE_TARGET = 200  # sampled events expected from a subject of ``chunk`` events
 SEQ_BITS = 44  # an event reference is (node index << SEQ_BITS) | seq
@@ -355,7 +357,8 @@ class SparkChecker:
         rows = ev.filter(F.col("kind").isin(OT, IPC)).select(
             "ni", "seq", "line", F.xxhash64("client_message_id").alias("c1"), F.hash("client_message_id").alias("c2"),
             hashed("outbox_id").alias("oid"), hashed("request_fingerprint").alias("fp"),
-            F.col("attempts").cast("long").alias("att"), packed.alias("bits"))
+            F.col("attempts").cast("long").alias("att"), F.col("max_age_at_ms").cast("long").alias("mag"),
+            F.col("enqueued_at_ms").cast("long").alias("enq"), packed.alias("bits"))
         if heavy:
             marks = (local_frame(self.spark, heavy, "node string, cmid string").join(self.node_ids, "node")
                      .select("ni", F.xxhash64("cmid").alias("c1"), F.hash("cmid").alias("c2"),
@@ -375,7 +378,7 @@ class SparkChecker:
                            (field(20, 1) == 1).alias("is_ot"), (field(21, 1) == 1).alias("dispatch"))
         key = ["ni", "c1", "c2", "chunk"]
         w = Window.partitionBy(*key).orderBy("seq", "line")
-        transition = F.struct("seq", "line", "to", "oid", "att")
+        transition = F.struct("seq", "line", "to", "oid", "att", "mag", "enq")
         first = F.struct("seq", "line", "fp")
         windowed = rows.select(
             "*",
@@ -398,7 +401,12 @@ class SparkChecker:
         windowed = windowed.select("*", prev.alias("p"), first_t.alias("f"))
         p, f = F.col("p"), F.col("f")
         same_row = p.isNotNull() & (p["oid"] == F.col("oid"))
-        expected_from = F.when(same_row, p["to"]).otherwise(F.lit(NONE_CODE))
+        # a row's first transition may start at `pending` when the trace shows the row created: a daemon stopped
+        # between the commit that created the row and its event (E-32). Such a start (rare) is a candidate of its
+        # own case, resolved against the created rows after the window (_resolve_starts).
+        start = F.col("is_ot") & ~same_row & (F.col("fr") == PENDING_CODE)
+        from_ok = F.coalesce(F.when(same_row, F.col("fr").eqNullSafe(p["to"])).otherwise(F.col("fr") == NONE_CODE),
+                             F.lit(False))
         expected_attempts = F.when(same_row, p["att"]).otherwise(F.lit(0)) + F.greatest(F.col("delta"), F.lit(0))
         pk = self._pk()
         event = {"pk": pk, "line": F.col("line")}
@@ -406,14 +414,21 @@ class SparkChecker:
         first_ref = {"pk": self._pk(seq=f["seq"]), "line": f["line"]}
         same_ref = {"pk": F.when(same_row, self._pk(seq=p["seq"])), "line": F.when(same_row, p["line"])}
         ot = F.col("is_ot")
-        outbox = ot & ((F.col("delta") < 0) | ~F.col("fr").eqNullSafe(expected_from)
-                       | ~F.col("att").eqNullSafe(expected_attempts))
+        attempts_ok = F.col("att").eqNullSafe(expected_attempts)
+        outbox = ot & ((F.col("delta") < 0) | ~from_ok | ~attempts_ok)
         expected_state = F.coalesce(p["to"], F.lit(NONE_CODE))
         expected_match = F.when(p.isNull(), F.lit(0)).when(F.col("fp") == f["fp"], 1).otherwise(2)
         ipc = ~ot & (~F.col("st").eqNullSafe(expected_state) | ~F.col("fm").eqNullSafe(expected_match)
                      | ~F.col("tok") | (p.isNotNull() & F.col("oid").isNotNull() & (F.col("oid") != p["oid"])))
         frozen = ot & ~F.col("fp").eqNullSafe(f["fp"])
         freed = ot & (F.col("fr") == NONE_CODE) & p.isNotNull()
+        # TRC-MAX-AGE beyond the event itself: the row's previous transition had a lower deadline or another enqueue
+        raised = ot & same_row & p["mag"].isNotNull() & (F.col("mag").isNull() | (F.col("mag") > p["mag"]))
+        moved = ~F.col("mav") & (raised | (ot & same_row & ~F.col("enq").eqNullSafe(p["enq"])))
+        age_case = (F.when(F.col("mav") & F.col("dispatch"), "max-age-dispatched")
+                    .when(F.col("mav"), "max-age-aged-out").when(raised, "max-age-raised")
+                    .otherwise("max-age-enqueued-changed"))
+        moved_ref = {"pk": F.when(moved, self._pk(seq=p["seq"])), "line": F.when(moved, p["line"])}
         zero, gs = F.lit(0), F.col("ni")
 
         def match_text(column):
@@ -425,14 +440,15 @@ class SparkChecker:
                                     ((None, "null"), (True, "true"), (False, "false"))
                                     for x in (f"{state}|{text}", answers(state, match))])
         outbox_case = (F.when(F.col("delta") < 0, "outbox-not-a-transition")
-                       .when(~F.col("fr").eqNullSafe(expected_from), "outbox-from").otherwise("outbox-attempts"))
+                       .when(start, F.when(attempts_ok, START).otherwise(START_ATTEMPTS))
+                       .when(~from_ok, "outbox-from").otherwise("outbox-attempts"))
         wrong_state, wrong_match = ~F.col("st").eqNullSafe(expected_state), ~F.col("fm").eqNullSafe(expected_match)
         ipc_case = (F.when(wrong_state, "ipc-row-state").when(wrong_match, "ipc-fingerprint-match")
                     .when(~F.col("tok"), "ipc-answer").otherwise("ipc-outbox-id"))
         ipc_fact = (F.when(wrong_state, F.lit(None)).when(wrong_match, match_text(expected_match))
                     .when(~F.col("tok"), F.try_element_at(answer_map, F.concat_ws("|", state_name,
                                                                                   match_text(F.col("fm"))))))
-        return self._explode(
+        return self._resolve_starts(ev, self._explode(
             windowed,
             (outbox, self._candidate("TRC-OUTBOX-LEGAL", gs, F.col("oid"), zero, event, same_ref, outbox_case,
                                      fact=expected_attempts)),
@@ -441,9 +457,35 @@ class SparkChecker:
             (frozen, self._candidate("TRC-FP-FROZEN", gs, F.col("oid"), zero, event, first_ref, "fp-changed")),
             (freed, self._candidate("TRC-ID-NEVER-FREED", gs, F.col("c1"), F.col("c2"), event, first_ref,
                                     "id-freed")),
-            (F.col("mav"), self._candidate("TRC-MAX-AGE", gs, F.col("oid"), zero, event, None,
-                                           F.when(F.col("dispatch"), "max-age-dispatched")
-                                           .otherwise("max-age-aged-out"))))
+            (F.col("mav") | moved, self._candidate("TRC-MAX-AGE", gs, F.col("oid"), zero, event, moved_ref,
+                                                   age_case))))
+
+    @staticmethod
+    def _resolve_starts(ev, candidates):
+        """_rows' candidates with each first transition starting at `pending` resolved: legal (dropped, or
+        reported for its attempts) when the node's trace shows the row created anywhere -- named by a 202 IPC-NEW
+        decision, or a requeue successor named by another row's requeue --, else reported as `outbox-from`."""
+        from pyspark.sql import functions as F
+
+        decided = ev.filter((F.col("kind") == IPC) & (F.col("table_row") == "IPC-NEW") & (F.col("http_status") == 202)
+                            & F.col("outbox_id").isNotNull()).select("ni", F.xxhash64("outbox_id").alias("oid"))
+        requeued = ev.filter((F.col("kind") == OT) & (F.col("event") == "requeue") & (F.col("from_state") != "none")
+                             & (F.col("to_state") == "aborted") & F.col("superseded_by").isNotNull()
+                             & (F.col("superseded_by") != F.col("outbox_id"))).select(
+            "ni", F.xxhash64("superseded_by").alias("oid"))
+        created = decided.unionByName(requeued).select(
+            F.coalesce(F.col("ni").cast("string"), F.lit("")).alias("c_gs"), F.col("oid").cast("long").alias("c_g1"),
+            F.lit(True).alias("created")).dropDuplicates(["c_gs", "c_g1"])
+        case = F.col("detail.case")
+        starting = case.isin(START, START_ATTEMPTS)
+        joined = candidates.join(created, starting & (F.col("gs") == F.col("c_gs")) & (F.col("g1") == F.col("c_g1")),
+                                 "left")
+        made = F.coalesce(F.col("created"), F.lit(False))
+        resolved = (F.when(~starting, case).when(~made, "outbox-from")
+                    .when(case == START_ATTEMPTS, "outbox-attempts"))
+        return joined.filter(resolved.isNotNull()).select(
+            *[c for c in candidates.columns if c != "detail"],
+            F.struct(resolved.alias("case"), F.col("detail.fact").alias("fact")).alias("detail"))
 
     def _messages(self, ev, stats: dict[str, Any]):
         """The broker and inbox invariants: three aggregations with fixed-width buffers (hashed keys, longs and
@@ -538,6 +580,16 @@ class SparkChecker:
                 "TRC-DELIVERY-ACKED", blank, m1, m2, ref("last"), None, "delivery-unacked", fact=F.col("end"))),
             (F.col("ack_pk").isNotNull() & (F.struct("last_pk", "last_line") > F.struct("ack_pk", "ack_line")),
              self._candidate("TRC-DELIVERY-ACKED", blank, m1, m2, ref("last"), ref("ack"), "delivery-after-ack")))
+        # an ack naming no traced delivery of its (mesh, delivery_id) with its recipient and broker message
+        named_by = ("mesh", "delivery_id", "recipient", "broker_message_id")
+        traced = ev.filter(delivery).select(F.xxhash64(*named_by).alias("d1"), F.hash(*named_by).alias("d2"))
+        unknown = ev.filter(ack).select(
+            F.xxhash64("mesh", "delivery_id").alias("m1"), F.hash("mesh", "delivery_id").alias("m2"),
+            F.xxhash64(*named_by).alias("d1"), F.hash(*named_by).alias("d2"), pk.alias("pk"), "line",
+            F.lit(True).alias("unknown")
+        ).join(traced, ["d1", "d2"], "left_anti").groupBy("m1", "m2").agg(*first("unknown"))
+        acked = acked.unionByName(self._explode(unknown, (F.col("unknown_pk").isNotNull(), self._candidate(
+            "TRC-DELIVERY-ACKED", blank, m1, m2, ref("unknown"), None, "delivery-ack-unknown"))))
         # --- per inbox row
         inbox = ev.filter((kind == "inbox_insert") & F.coalesce(F.col("inserted"), F.lit(False))).select(
             F.xxhash64("recipient", "client_message_id").alias("m1"),
@@ -549,27 +601,40 @@ class SparkChecker:
 
     def _requeues(self, ev):
         """TRC-FP-FROZEN for requeue successors: the successor carries the fingerprint of the (first) row whose
-        ``superseded_by`` names it."""
+        ``superseded_by`` names it; TRC-OUTBOX-LEGAL (REQUEUE-ATOMIC): a successor the replay finds legal has such a
+        row, and that row's table_row."""
         from pyspark.sql import functions as F
 
+        rows = [key.rpartition("|")[2] for key in legal_transitions(self.tables) if key.startswith("none|requeue|")]
         successor = F.col("from_state") == "none"
+        legal = (successor & (F.col("to_state") == "pending") & (F.col("attempts") == 0)
+                 & F.col("table_row").isin(rows))
         k = F.when(successor, F.col("outbox_id")).otherwise(F.col("superseded_by"))
         pairs = ev.filter((F.col("kind") == OT) & (F.col("event") == "requeue")
                           & (successor | (F.col("to_state") == "aborted"))).select(
             "ni", F.xxhash64(k).alias("k1"), F.hash(k).alias("k2"), successor.alias("successor"),
-            self._pk().alias("pk"), "line", F.xxhash64("request_fingerprint").alias("fp"))
+            self._pk().alias("pk"), "line", F.xxhash64("request_fingerprint").alias("fp"), "table_row",
+            legal.alias("legal"))
 
         def first(is_successor: bool, name: str) -> list[Any]:
             order = F.when(F.col("successor") == F.lit(is_successor), F.col("pk"))
             return [F.min(order).alias(f"{name}_pk"), F.min_by("line", order).alias(f"{name}_line"),
-                    F.min_by("fp", order).alias(f"{name}_fp")]
+                    F.min_by("fp", order).alias(f"{name}_fp"), F.min_by("table_row", order).alias(f"{name}_row"),
+                    F.min_by("legal", order).alias(f"{name}_legal")]
 
         pairs = pairs.groupBy("ni", "k1", "k2").agg(*first(True, "new"), *first(False, "old"))
         event = {"pk": F.col("new_pk"), "line": F.col("new_line")}
         related = {"pk": F.col("old_pk"), "line": F.col("old_line")}
+        orphan = F.col("old_pk").isNull()
+        zero = F.lit(0)  # the key's g2 as _rows gives it: one violation per (node, outbox_id) across both
         return self._explode(pairs, (
             F.col("new_pk").isNotNull() & F.col("old_pk").isNotNull() & (F.col("new_fp") != F.col("old_fp")),
-            self._candidate("TRC-FP-FROZEN", F.col("ni"), F.col("k1"), F.col("k2"), event, related, "fp-successor",
+            self._candidate("TRC-FP-FROZEN", F.col("ni"), F.col("k1"), zero, event, related, "fp-successor",
+                            mode="pair")), (
+            F.col("new_pk").isNotNull() & F.col("new_legal") & (orphan | (F.col("new_row") != F.col("old_row"))),
+            self._candidate("TRC-OUTBOX-LEGAL", F.col("ni"), F.col("k1"), zero, event,
+                            {"pk": F.when(~orphan, F.col("old_pk")), "line": F.when(~orphan, F.col("old_line"))},
+                            F.when(orphan, "outbox-successor-orphan").otherwise("outbox-successor-row"),
                             mode="pair")))
 
     def _ordered(self, frame, value: str, invariant_id: str):

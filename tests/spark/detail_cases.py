@@ -110,6 +110,15 @@ def hand_made(root: Path) -> tuple[Path, dict[tuple[str, Key], str]]:
     d.transition(ulid(3), "c-attempts", A, "pending", "dispatch", "inflight", "OB-PENDING-DISPATCH", 2)
     want[row("TRC-OUTBOX-LEGAL", ulid(3))] = ("pending --dispatch--> inflight (OB-PENDING-DISPATCH) with attempts 2, "
                                               "expected 1")
+    d.transition(ulid(30), "c-requeued", A, "none", "accept", "pending", "OB-NONE-ACCEPT", 0)
+    d.transition(ulid(30), "c-requeued", A, "pending", "requeue", "aborted", "OB-PENDING-REQUEUE", 0,
+                 superseded_by=ulid(31))
+    d.transition(ulid(31), "c-requeued.r1", A, "none", "requeue", "pending", "OB-DEAD-REQUEUE", 0)
+    want[row("TRC-OUTBOX-LEGAL", ulid(31))] = (f"requeue successor {ulid(31)} traced with OB-DEAD-REQUEUE; the "
+                                               f"retired row {ulid(30)} was requeued with OB-PENDING-REQUEUE")
+    d.transition(ulid(32), "c-orphan.r1", A, "none", "requeue", "pending", "OB-DEAD-REQUEUE", 0)
+    want[row("TRC-OUTBOX-LEGAL", ulid(32))] = (f"requeue successor {ulid(32)} (OB-DEAD-REQUEUE): no row was requeued "
+                                               "in its favour (none names it in superseded_by)")
     # TRC-IPC-CONSISTENT (nor has its ipc-answer case: the schema ties each table_row to its row_state,
     # fingerprint_match and http_status)
     d.accepted(ulid(4), "c-ipc-state")
@@ -151,6 +160,16 @@ def hand_made(root: Path) -> tuple[Path, dict[tuple[str, Key], str]]:
     early = d.transition(ulid(12), "c-early", A, "pending", "max_age_exceeded", "dead", "OB-PENDING-MAX-AGE", 0)
     want[row("TRC-MAX-AGE", ulid(12))] = (f"aged out (OB-PENDING-MAX-AGE) at ts_ms {early['ts_ms']}, not after its "
                                           f"max_age_at_ms {LATE}")
+    d.accepted(ulid(14), "c-raised")
+    d.transition(ulid(14), "c-raised", A, "pending", "dispatch", "inflight", "OB-PENDING-DISPATCH", 1,
+                 max_age_at_ms=LATE + 1)
+    want[row("TRC-MAX-AGE", ulid(14))] = (f"pending --dispatch--> inflight raises max_age_at_ms to {LATE + 1}; the "
+                                          f"row's previous transition had {LATE}")
+    d.accepted(ulid(15), "c-enqueued")
+    moved = d.transition(ulid(15), "c-enqueued", A, "pending", "dispatch", "inflight", "OB-PENDING-DISPATCH", 1)
+    moved["enqueued_at_ms"] = BASE + 7  # the row's age would restart
+    want[row("TRC-MAX-AGE", ulid(15))] = (f"pending --dispatch--> inflight carries enqueued_at_ms {BASE + 7}; the "
+                                          f"row's previous transition had {BASE}")
     # TRC-DONE-HAS-MESSAGE
     d.accepted(ulid(13), "c-done")
     d.transition(ulid(13), "c-done", A, "pending", "dispatch", "inflight", "OB-PENDING-DISPATCH", 1)
@@ -202,6 +221,10 @@ def hand_made(root: Path) -> tuple[Path, dict[tuple[str, Key], str]]:
     b.delivery("c-again", "M-again", 2, LATE)
     want["TRC-DELIVERY-ACKED", (("mesh", MESH), ("delivery_id", "M-again.0"))] = (
         f"delivery M-again.0 delivered again (attempt 2) after its ack at seq {acked['seq']}")
+    b.ack("c-unknown", "M-unknown")
+    want["TRC-DELIVERY-ACKED", (("mesh", MESH), ("delivery_id", "M-unknown.0"))] = (
+        f"ack of delivery M-unknown.0 (broker message M-unknown, recipient {RECIPIENT}) names no delivery the broker "
+        "traced")
     b.accept("c-unacked", "M-unacked")
     b.commit("c-unacked", "M-unacked")
     lease = b.delivery("c-unacked", "M-unacked", 1, BASE + 100)["lease_until_ms"]

@@ -61,7 +61,7 @@ def new_row_traced() -> tuple[list[Any], set[Identity], str]:
     first = daemon.decision("n-4", A, "none", None, "IPC-NEW", 202, None)
     gone = daemon.decision("n-4", A, "none", None, "IPC-NEW", 202, None)  # the id was free again
     # stopped between the decision and its accept, restarted: the row's next transition is its dispatch
-    daemon.decision("n-5", A, "none", None, "IPC-NEW", 202, None)
+    daemon.decision("n-5", A, "none", None, "IPC-NEW", 202, ulid(5))
     daemon.decision("n-6", A, "none", None, "IPC-NEW", 202, None)
     daemon.transition(ulid(6), "n-6", A, "none", "pending", "accept", "OB-NONE-ACCEPT", 0)
     daemon.transition(ulid(5), "n-5", A, "pending", "inflight", "dispatch", "OB-PENDING-DISPATCH", 1)
@@ -70,7 +70,8 @@ def new_row_traced() -> tuple[list[Any], set[Identity], str]:
         ("TRC-NEW-ROW-TRACED", (("node", "daemon-new"), ("client_message_id", "n-1")), at(untraced), None),
         ("TRC-NEW-ROW-TRACED", (("node", "daemon-new"), ("client_message_id", "n-3")), at(wrong), at(other)),
         ("TRC-NEW-ROW-TRACED", (("node", "daemon-new"), ("client_message_id", "n-4")), at(gone), at(first)),
-    }, "TRC-NEW-ROW-TRACED"  # n-5's dispatch without a traced accept is TRC-OUTBOX-LEGAL's as well
+    }, ""  # n-5's first traced transition is its dispatch: TRC-OUTBOX-LEGAL allows that too, its decision naming
+    # the row (E-32)
 
 
 def inflight_resolved() -> tuple[list[Any], set[Identity], str]:
@@ -131,6 +132,165 @@ def inbox_seq_monotonic() -> tuple[list[Any], set[Identity], str]:
     }, ""
 
 
+def max_age_kept() -> tuple[list[Any], set[Identity], str]:
+    daemon = Daemon("daemon-age")
+    found: set[Identity] = set()
+
+    def row(n: int, *steps: tuple[int | None, int | None], wait: int = 0) -> list[dict[str, Any]]:
+        """accept, dispatch (``wait`` ms later), ack_created of row ``n``, each with its (max_age_at_ms,
+        enqueued_at_ms) change."""
+        cmid, bmid = f"g-{n}", "01JBROKERMESSAGE0000000001"
+        shapes = [("none", "pending", "accept", "OB-NONE-ACCEPT", 0, None),
+                  ("pending", "inflight", "dispatch", "OB-PENDING-DISPATCH", 1, None),
+                  ("inflight", "done", "ack_created", "OB-INFLIGHT-CREATED", 1, bmid)]
+        events = []
+        for (fr, to, ev, table_row, attempts, named), (max_age_at, enqueued_at) in zip(shapes, steps, strict=True):
+            daemon.wait(wait if ev == "dispatch" else 0)
+            event = daemon.transition(ulid(n), cmid, A, fr, to, ev, table_row, attempts, broker_message_id=named)
+            event["max_age_at_ms"] = max_age_at
+            if enqueued_at is not None:
+                event["enqueued_at_ms"] = enqueued_at
+            events.append(event)
+        return events
+
+    def key(n: int) -> tuple[tuple[str, str], ...]:
+        return (("node", "daemon-age"), ("outbox_id", ulid(n)))
+
+    t = daemon.ts
+    # accepted with a deadline 1 s out, dispatched 5 s later by a transition claiming an hour (the V52 shape)
+    accepted, dispatched, _ = row(1, (t + 1_000, None), (t + 3_600_000, None), (t + 3_600_000, None), wait=5_000)
+    assert accepted["max_age_at_ms"] < dispatched["ts_ms"] < dispatched["max_age_at_ms"]
+    found.add(("TRC-MAX-AGE", key(1), at(dispatched), at(accepted)))
+    t = daemon.ts
+    # lowered (a shorter negotiated max age caps a live row), and set on a row that had none: allowed
+    row(2, (None, None), (t + 3_000_000, None), (t + 2_000_000, None))
+    # raised to none after the dispatch, not over age at any dispatch: still a moved deadline
+    _, sent, done = row(3, (t + 60_000, None), (t + 60_000, None), (None, None))
+    found.add(("TRC-MAX-AGE", key(3), at(done), at(sent)))
+    # the enqueue time moves (the row's age would restart)
+    first, moved, _ = row(4, (t + 60_000, None), (t + 60_000, t + 50_000), (t + 60_000, t + 50_000))
+    found.add(("TRC-MAX-AGE", key(4), at(moved), at(first)))
+    # over age by its own deadline and raised at once: the dispatch after the deadline is what is reported
+    daemon.wait(10_000)
+    _, late, _ = row(5, (daemon.ts - 5_000, None), (daemon.ts - 4_000, None), (daemon.ts - 4_000, None))
+    found.add(("TRC-MAX-AGE", key(5), at(late), None))
+    return [daemon], found, "TRC-MAX-AGE"
+
+
+def acks_name_deliveries() -> tuple[list[Any], set[Identity], str]:
+    broker = Broker("broker-acks", mesh="m3")
+    other = "ef" * 32
+    found: set[Identity] = set()
+
+    def key(cmid: str, mesh: str = "m3") -> tuple[tuple[str, str], ...]:
+        return (("mesh", mesh), ("delivery_id", f"M-{cmid}.0"))
+
+    for cmid in ("a-1", "a-2", "a-3", "a-4", "a-5", "a-6", "a-7"):
+        broker.commit(cmid, A, f"M-{cmid}")
+        broker.decision(cmid, A, "BRK-ACCEPT", f"M-{cmid}")
+    broker.delivery("a-1", "M-a-1", PEER, 1)
+    broker.ack("a-1", "M-a-1", PEER)
+    broker.ack("a-1", "M-a-1", PEER)  # acked twice: the second settles nothing new, names the same delivery
+    never = broker.ack("a-2", "M-a-2", PEER)  # never delivered
+    found.add(("TRC-DELIVERY-ACKED", key("a-2"), at(never), None))
+    broker.delivery("a-3", "M-a-3", PEER, 1)
+    stranger = broker.ack("a-3", "M-a-3", other)  # another member's ack of PEER's delivery
+    broker.ack("a-3", "M-a-3", PEER)
+    found.add(("TRC-DELIVERY-ACKED", key("a-3"), at(stranger), None))
+    broker.delivery("a-4", "M-a-4", PEER, 1)
+    wrong = broker.ack("a-4", "M-a-4", PEER)
+    wrong["broker_message_id"] = "M-a-1"  # names another message
+    broker.ack("a-4", "M-a-4", PEER)
+    found.add(("TRC-DELIVERY-ACKED", key("a-4"), at(wrong), None))
+    broker.delivery("a-5", "M-a-5", PEER, 1)
+    elsewhere = broker.ack("a-5", "M-a-5", PEER)
+    elsewhere["mesh"] = "m4"  # on another mesh; the delivery on m3 is still leased
+    found.add(("TRC-DELIVERY-ACKED", key("a-5", "m4"), at(elsewhere), None))
+    early = broker.ack("a-6", "M-a-6", PEER)  # before its delivery: a delivery after the ack
+    delivered = broker.delivery("a-6", "M-a-6", PEER, 1)
+    found.add(("TRC-DELIVERY-ACKED", key("a-6"), at(delivered), at(early)))
+    broker.delivery("a-7", "M-a-7", PEER, 1)
+    broker.delivery("a-7", "M-a-7", PEER, 2)
+    broker.ack("a-7", "M-a-7", PEER)
+    return [broker], found, "TRC-DELIVERY-ACKED"
+
+
+def outbox_first_and_successors() -> tuple[list[Any], set[Identity], str]:
+    """A row's first traced transition, and requeue successors (REQUEUE-ATOMIC, the schema's 'same table_row')."""
+    daemon = Daemon("daemon-outbox")
+
+    def key(n: int) -> tuple[tuple[str, str], ...]:
+        return (("node", "daemon-outbox"), ("outbox_id", ulid(n)))
+
+    def retired(n: int, cmid: str, successor: int, table_row: str = "OB-DEAD-REQUEUE") -> dict[str, Any]:
+        daemon.transition(ulid(n), cmid, A, "none", "pending", "accept", "OB-NONE-ACCEPT", 0)
+        if table_row == "OB-PENDING-REQUEUE":
+            return daemon.transition(ulid(n), cmid, A, "pending", "aborted", "requeue", table_row, 0,
+                                     superseded_by=ulid(successor))
+        daemon.transition(ulid(n), cmid, A, "pending", "inflight", "dispatch", "OB-PENDING-DISPATCH", 1)
+        daemon.transition(ulid(n), cmid, A, "inflight", "dead", "ack_rejected", "OB-INFLIGHT-REJECTED", 1)
+        return daemon.transition(ulid(n), cmid, A, "dead", "aborted", "requeue", table_row, 1,
+                                 superseded_by=ulid(successor))
+
+    # stopped between the commit that created a row and its accept event, restarted: the first traced transition
+    # starts at pending, attempts counted from 0, when the trace shows the row created (a 202 IPC-NEW naming it,
+    # before or after), else it is reported
+    daemon.decision("k-1", A, "none", None, "IPC-NEW", 202, ulid(1))
+    daemon.transition(ulid(1), "k-1", A, "pending", "inflight", "dispatch", "OB-PENDING-DISPATCH", 1)
+    daemon.transition(ulid(1), "k-1", A, "inflight", "done", "ack_created", "OB-INFLIGHT-CREATED", 1,
+                      broker_message_id="01JBROKERMESSAGE0000000001")
+    nothing = daemon.transition(ulid(2), "k-2", A, "pending", "aborted", "requeue", "OB-PENDING-REQUEUE", 0,
+                                superseded_by=ulid(23))
+    daemon.transition(ulid(23), "k-2.r1", A, "none", "pending", "requeue", "OB-PENDING-REQUEUE", 0)
+    daemon.decision("k-3", A, "none", None, "IPC-NEW", 202, ulid(3))
+    bad_attempts = daemon.transition(ulid(3), "k-3", A, "pending", "inflight", "dispatch", "OB-PENDING-DISPATCH", 2)
+    names_another = daemon.decision("k-24", A, "none", None, "IPC-NEW", 202, ulid(25))
+    another_row = daemon.transition(ulid(24), "k-24", A, "pending", "inflight", "dispatch", "OB-PENDING-DISPATCH",
+                                    1)
+    # a decision naming the row that is not a 202 IPC-NEW (IPC-NEW is 202 by the schema) does not show it created
+    not_new = daemon.transition(ulid(26), "k-26", A, "pending", "inflight", "dispatch", "OB-PENDING-DISPATCH", 1)
+    daemon.decision("k-26", A, "inflight", True, "IPC-INFLIGHT-MATCH", 202, ulid(26))
+    daemon.decision("k-26", B, "inflight", False, "IPC-INFLIGHT-MISMATCH", 409, ulid(26))
+    not_created = daemon.transition(ulid(4), "k-4", A, "inflight", "done", "ack_created", "OB-INFLIGHT-CREATED", 1,
+                                    broker_message_id="01JBROKERMESSAGE0000000001")  # rows are created pending
+    daemon.transition(ulid(5), "k-5", A, "none", "pending", "accept", "OB-NONE-ACCEPT", 0)
+    second_row = daemon.transition(ulid(6), "k-5", A, "pending", "inflight", "dispatch", "OB-PENDING-DISPATCH", 1)
+    # requeue successors: traced with the old row's table_row, as the effect of one requeue
+    retired(10, "q-1", 11)
+    daemon.transition(ulid(11), "q-1.r1", A, "none", "pending", "requeue", "OB-DEAD-REQUEUE", 0)
+    retired(12, "q-2", 13, "OB-PENDING-REQUEUE")
+    daemon.transition(ulid(13), "q-2.r1", A, "none", "pending", "requeue", "OB-PENDING-REQUEUE", 0)
+    old_row = retired(14, "q-3", 15)
+    other_row = daemon.transition(ulid(15), "q-3.r1", A, "none", "pending", "requeue", "OB-PENDING-REQUEUE", 0)
+    old_pending = retired(16, "q-4", 17, "OB-PENDING-REQUEUE")
+    other_row_2 = daemon.transition(ulid(17), "q-4.r1", A, "none", "pending", "requeue", "OB-DEAD-REQUEUE", 0)
+    daemon.transition(ulid(18), "q-5", A, "none", "pending", "accept", "OB-NONE-ACCEPT", 0)
+    daemon.transition(ulid(18), "q-5", A, "pending", "inflight", "dispatch", "OB-PENDING-DISPATCH", 1)
+    daemon.transition(ulid(18), "q-5", A, "inflight", "dead", "ack_rejected", "OB-INFLIGHT-REJECTED", 1)
+    orphan = daemon.transition(ulid(19), "q-5.r1", A, "none", "pending", "requeue", "OB-DEAD-REQUEUE", 0)
+    # a successor whose own event is illegal is reported for that alone
+    illegal = daemon.transition(ulid(20), "q-6.r1", A, "none", "pending", "requeue", "OB-DEAD-REQUEUE", 1)
+    # the successor event lost to a stop after the old row's: the successor's first traced transition is its dispatch
+    retired(21, "q-7", 22)
+    daemon.transition(ulid(22), "q-7.r1", A, "pending", "inflight", "dispatch", "OB-PENDING-DISPATCH", 1)
+    daemon.transition(ulid(22), "q-7.r1", A, "inflight", "done", "ack_created", "OB-INFLIGHT-CREATED", 1,
+                      broker_message_id="01JBROKERMESSAGE0000000001")
+    return [daemon], {
+        ("TRC-OUTBOX-LEGAL", key(2), at(nothing), None),
+        ("TRC-OUTBOX-LEGAL", key(24), at(another_row), None),
+        ("TRC-NEW-ROW-TRACED", (("node", "daemon-outbox"), ("client_message_id", "k-24")), at(another_row),
+         at(names_another)),
+        ("TRC-OUTBOX-LEGAL", key(26), at(not_new), None),
+        ("TRC-OUTBOX-LEGAL", key(3), at(bad_attempts), None),
+        ("TRC-OUTBOX-LEGAL", key(4), at(not_created), None),
+        ("TRC-OUTBOX-LEGAL", key(6), at(second_row), None),
+        ("TRC-OUTBOX-LEGAL", key(15), at(other_row), at(old_row)),
+        ("TRC-OUTBOX-LEGAL", key(17), at(other_row_2), at(old_pending)),
+        ("TRC-OUTBOX-LEGAL", key(19), at(orphan), None),
+        ("TRC-OUTBOX-LEGAL", key(20), at(illegal), None),
+    }, ""
+
+
 CASES: dict[str, Callable[[], tuple[list[Any], set[Identity], str]]] = {
     "TRC-DUP-FINGERPRINT": dup_fingerprint,
     "TRC-NEW-ROW-TRACED": new_row_traced,
@@ -138,6 +298,9 @@ CASES: dict[str, Callable[[], tuple[list[Any], set[Identity], str]]] = {
     "TRC-DELIVERY-ATTEMPTS": delivery_attempts,
     "TRC-INBOX-SEQ-NAMES-ROW": inbox_seq_names_row,
     "TRC-INBOX-SEQ-MONOTONIC": inbox_seq_monotonic,
+    "TRC-MAX-AGE": max_age_kept,
+    "TRC-DELIVERY-ACKED": acks_name_deliveries,
+    "TRC-OUTBOX-LEGAL": outbox_first_and_successors,
 }
 
 
@@ -165,7 +328,7 @@ def test_spark_reports_the_same_in_one_run_over_every_case(spark, tmp_path: Path
     fmt.convert_jsonl(files, tmp_path / "parquet")
     by_spark = SparkChecker(spark, chunk=4, limit=None).check(tmp_path / "parquet")  # chunk boundaries everywhere
     by_oracle = oracle.check(tmp_path / "parquet")  # the same input: evidence from JSONL also names file:line
-    assert len(by_oracle.violations) == 11
+    assert len(by_oracle.violations) == 30
     assert same_answers(by_spark, by_oracle) == []
 
 

@@ -89,11 +89,13 @@ class Daemon(Node):
     source = "daemon"
 
     def transition(self, outbox_id: str, cmid: str, fp: str, from_state: str, to_state: str, event: str,
-                   table_row: str, attempts: int, broker_message_id: str | None = None) -> dict[str, Any]:
+                   table_row: str, attempts: int, broker_message_id: str | None = None,
+                   superseded_by: str | None = None) -> dict[str, Any]:
         return self._emit("outbox_transition", mesh=self.mesh, outbox_id=outbox_id, client_message_id=cmid,
                           request_fingerprint=fp, **{"from": from_state, "to": to_state}, event=event,
                           table_row=table_row, attempts=attempts, enqueued_at_ms=1_767_225_600_000,
-                          max_age_at_ms=1_767_229_200_000, broker_message_id=broker_message_id, superseded_by=None)
+                          max_age_at_ms=1_767_229_200_000, broker_message_id=broker_message_id,
+                          superseded_by=superseded_by)
 
     def decision(self, cmid: str, fp: str, row_state: str, match: bool | None, table_row: str, status: int,
                  outbox_id: str | None) -> dict[str, Any]:
