@@ -192,6 +192,8 @@ def _jsonl(con: Any, trace: Trace, listed: int) -> Loaded:
     blanked = (f"regexp_replace(regexp_replace(text, {lit(v.ESCAPE_PATTERN)}, '__', 'g'), "
                f"{lit(v.PLAIN_STRING_PATTERN)}, '\"\"', 'g')")
     nesting = f"({openings('text')} AND {openings(blanked)})"
+    digits = lit(v.LONG_DIGITS_PATTERN)
+    long_number = f"(regexp_matches(text, {digits}) AND regexp_matches({blanked}, {digits}))"
     lax = f"regexp_matches(regexp_replace(text, {lit(v.STRING_PATTERN)}, '\"\"', 'g'), {lit(v.LAX_TOKENS)})"
     con.execute(f"""
         CREATE TEMP TABLE lines AS
@@ -201,6 +203,7 @@ def _jsonl(con: Any, trace: Trace, listed: int) -> Loaded:
             WHEN starts_with(text, chr(65279)) THEN 'bom'
             WHEN {lone} THEN 'lone_surrogate'
             WHEN {nesting} THEN 'nesting'
+            WHEN {long_number} THEN 'long_number'
             WHEN NOT json_valid(text) THEN 'not_json'
             WHEN {lax} THEN 'not_json'
             WHEN json_type(text) <> 'OBJECT' THEN 'not_object'

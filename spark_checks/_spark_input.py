@@ -332,12 +332,14 @@ def _jsonl(spark: Any, trace: Trace) -> Any:
 
     blanked = F.regexp_replace(F.regexp_replace("text", v.ESCAPE_PATTERN, "__"), v.PLAIN_STRING_PATTERN, '""')
     nesting = openings(F.col("text")) & openings(blanked)
+    long_number = F.col("text").rlike(v.LONG_DIGITS_PATTERN) & blanked.rlike(v.LONG_DIGITS_PATTERN)
     lines = lines.select("*", wrapped.alias("w"))
     first = (F.when(~F.is_valid_utf8("text"), "not_utf8")
              .when(F.col("text").rlike(r"\A[ \t\r]*\z"), "blank")
              .when(F.col("text").startswith("\ufeff"), "bom")
              .when(lone, "lone_surrogate")
              .when(nesting, "nesting")
+             .when(long_number, "long_number")
              .when(F.col("w").isNull() | (F.size(F.col("w").cast("array<variant>")) != 1), "not_json"))
     lines = lines.select("fi", "display", "n", "text", "terminated", first.alias("line_reason"),
                          F.variant_get("w", "$[0]", "variant").alias("e"))

@@ -35,6 +35,11 @@ from typing import Any
 #: bomb (a member nested thousands deep, which one parser refuses, another's recursion overflows on and a third
 #: accepts) opens more, and is ``nesting`` in every engine before any parser sees it.
 MAX_CONTAINERS = 64
+#: The most digits a number may write in a row: parsers refuse long numbers at their own limits (Python's int
+#: conversion at 4300 digits, Jackson at 1000 characters, yyjson never), so a longer run outside strings is
+#: ``long_number`` in every engine before any parser sees it; no trace member needs more than 20.
+MAX_DIGITS = 100
+LONG_DIGITS_PATTERN = f"[0-9]{{{MAX_DIGITS + 1}}}"
 #: Counting outside strings on any text, the same in Python, RE2 and Java and without recursion (Java's regex
 #: engine recurses per repetition of an alternation and overflows its stack on a long string): every backslash and
 #: the character after it become ``__`` (``[\s\S]``: a ``.`` stops at ``\r`` in Java only), then what is between two
@@ -50,6 +55,7 @@ REASONS: dict[str, str] = {
     "bom": "the line starts with a byte order mark (U+FEFF)",
     "lone_surrogate": "a \\uD800-\\uDFFF escape that is not half of a surrogate pair",
     "nesting": f"more than {MAX_CONTAINERS} objects and arrays outside strings (an event has at most two)",
+    "long_number": f"a number written with more than {MAX_DIGITS} digits in a row",
     "not_json": "not exactly one JSON text (RFC 8259)",
     "not_object": "a JSON text that is not an object",
     "duplicate_member": "a member name twice in the event or in one of its object members",
@@ -940,12 +946,22 @@ def _constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def blank_strings(text: str) -> str:
+    """``text`` with every string blanked (``ESCAPE_PATTERN``, then ``PLAIN_STRING_PATTERN``)."""
+    return re.sub(PLAIN_STRING_PATTERN, '""', re.sub(ESCAPE_PATTERN, "__", text))
+
+
 def too_many_containers(text: str) -> bool:
     """More than ``MAX_CONTAINERS`` ``{``/``[`` outside strings (counted on any text, JSON or not)."""
     if text.count("[") + text.count("{") <= MAX_CONTAINERS:
         return False
-    blanked = re.sub(PLAIN_STRING_PATTERN, '""', re.sub(ESCAPE_PATTERN, "__", text))
-    return len(re.sub(NOT_OPENING, "", blanked)) > MAX_CONTAINERS
+    return len(re.sub(NOT_OPENING, "", blank_strings(text))) > MAX_CONTAINERS
+
+
+def has_long_number(text: str) -> bool:
+    """More than ``MAX_DIGITS`` digits in a row outside strings."""
+    return re.search(LONG_DIGITS_PATTERN, text) is not None and \
+        re.search(LONG_DIGITS_PATTERN, blank_strings(text)) is not None
 
 
 def has_lone_surrogate(text: str) -> bool:
@@ -980,6 +996,8 @@ def _parse_line(raw: bytes, check_schema: Callable[[dict[str, Any]], str | None]
         return None, "lone_surrogate", REASONS["lone_surrogate"]
     if too_many_containers(text):
         return None, "nesting", REASONS["nesting"]
+    if has_long_number(text):
+        return None, "long_number", REASONS["long_number"]
     try:
         event = json.loads(text, object_pairs_hook=_pairs, parse_constant=_constant, parse_float=FloatLiteral)
     except (ValueError, RecursionError) as exc:
