@@ -8,7 +8,8 @@ which ``LAX_TOKENS`` refuses outside strings -- and the schema tree rendered ove
 The valid lines become the flat rows (``format.FLAT_SCHEMA``, plus ``file`` and ``file_line``) of table ``ev``.
 
 A Parquet dataset is a view; the tree is rendered over its typed columns (a row's JSON view, ``validity``) and
-``ev`` is the plain view when nothing is invalid, else the valid rows only.
+``ev`` is the plain view when nothing is invalid, else the valid rows only. The (node, line) positions two rows
+hold are grouped first (table ``shared``); their rows are ``layout``.
 
 File names. DuckDB reads every path it is given as a glob (``*``, ``?`` and ``[...]`` match other files:
 ``daemon-n[1].jsonl`` reads ``daemon-n1.jsonl``) and expands a leading ``~``; DuckDB 2.0 has no setting or function
@@ -36,7 +37,7 @@ from .inputs import InputError, LocalFS, Trace, check_local_parquet, locate
 
 class DuckDialect(v.SqlDialect):
     def matches(self, a: str, pattern: str) -> str:
-        return f"regexp_matches({a}, {lit(pattern)})"
+        return self._derived(f"regexp_matches({a}, {lit(pattern)})", a)
 
 
 #: a DuckDB literal
@@ -147,10 +148,18 @@ def _parquet_view(con: Any, trace: Trace, listed: int, directory: str, links: li
     con.execute(f"CREATE VIEW ev_all AS SELECT {columns} FROM read_parquet([{files}], hive_partitioning = false)")
     renderer = v.Renderer(DuckDialect(), v.ParquetAccess(DuckDialect()))
     tree = v.compile_event().tree
-    valid = f"(line IS NOT NULL AND line >= 0 AND {renderer.valid(tree)})"
-    reason = ("CASE WHEN line IS NULL OR line < 0 THEN 'layout' ELSE 'schema' END")
-    message = (f"CASE WHEN line IS NULL OR line < 0 THEN concat('line: ', coalesce(CAST(line AS VARCHAR), 'null'), "
-               f"' is not a position in the node''s stream') ELSE {renderer.explain(tree)} END")
+    # the positions more than one row holds, over every file (a node's rows span files and datasets): all their rows
+    # are ``layout``; with none (the rule) the judging is the plain rules
+    con.execute("CREATE TEMP TABLE shared AS SELECT node, line FROM ev_all WHERE node IS NOT NULL AND line >= 0 "
+                "GROUP BY node, line HAVING count(*) > 1")
+    unplaced = "line IS NULL OR line < 0"
+    if con.execute("SELECT count(*) FROM shared").fetchone()[0]:
+        unplaced += " OR EXISTS (SELECT 1 FROM shared s WHERE s.node = ev_all.node AND s.line = ev_all.line)"
+    valid = f"(NOT ({unplaced}) AND {renderer.valid(tree)})"
+    reason = f"CASE WHEN {unplaced} THEN 'layout' ELSE 'schema' END"
+    message = (f"CASE WHEN {unplaced} THEN 'line: ' || coalesce(CAST(line AS VARCHAR), 'null') || ' ' || CASE "
+               f"WHEN line IS NULL OR line < 0 THEN {lit(v.NOT_A_POSITION)} ELSE {lit(v.SHARED_POSITION)} END "
+               f"ELSE {renderer.explain(tree)} END")
     con.execute(f"CREATE TEMP TABLE bad AS SELECT coalesce(node, 'null') || '@line ' || "
                 f"coalesce(CAST(line AS VARCHAR), 'null') AS \"where\", {reason} AS reason, {message} AS message, "
                 f"node, line FROM ev_all WHERE NOT {valid}")

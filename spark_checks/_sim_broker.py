@@ -149,18 +149,20 @@ class Broker:
             inserted = cell is None or (mode == "duplicate_inbox_row" and attempt == 2)
             if inserted:
                 cell = [None]
-                push(t_insert, SSE, node, self.mesh.node_bucket[r], self.message)
             payload = (node, mesh, client_message_id, broker_message_id, delivery_id, inserted, cell)
             if mode == "inbox_seq_misnamed" and attempt == 2:  # names the seq after the row's, once that is known
                 self.later(t_insert, lambda ts, held=cell, p=payload: push(ts, INBOX, node, bucket,
                                                                            (*p[:-1], [held[0] + 1])))
             else:
                 push(t_insert, INBOX, node, bucket, payload)
+            # a new row's message event follows its insert (E-32); an injected one follows a redelivery too
+            if inserted or (mode == "duplicate_message_event" and attempt == 2):
+                push(t_insert, SSE, node, self.mesh.node_bucket[r], self.message)
             if mode == "unacked_delivery":
                 return delivery_id
             t_ack = t_insert + 1 + int(rnd() * 4)
-            lost = (faults and rnd() < p_ack_lost) or (mode in ("duplicate_inbox_row", "inbox_seq_misnamed")
-                                                       and attempt == 1)
+            lost = (faults and rnd() < p_ack_lost) or (mode in ("duplicate_inbox_row", "inbox_seq_misnamed",
+                                                                "duplicate_message_event") and attempt == 1)
             if lost or outages.first_between(t_insert, t_ack) >= 0:
                 t, attempt = lease, attempt + 1
                 continue

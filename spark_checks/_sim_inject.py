@@ -21,7 +21,8 @@ from ._sim_trace import DA, DL, OT
 from .catalogue import DEFAULT_ACK_GRACE_MS, DEFAULT_ACK_TIMEOUT_MS, INJECTIONS
 
 #: injections played on one recipient's deliveries (the mesh's first recipient of the send)
-DELIVERY_KINDS = ("unacked_delivery", "duplicate_inbox_row", "delivery_attempt_repeated", "inbox_seq_misnamed")
+DELIVERY_KINDS = ("unacked_delivery", "duplicate_inbox_row", "delivery_attempt_repeated", "inbox_seq_misnamed",
+                  "duplicate_message_event")
 #: faults the calendar plays on a node's next eligible event (see ``Calendar``)
 NODE_FAULTS = ("non_monotonic_seq", "non_monotonic_event_id", "inbox_seq_reused")
 
@@ -91,6 +92,8 @@ class Injector:
             elif mode in ("duplicate_inbox_row", "inbox_seq_misnamed"):
                 self._record(mode, {"recipient": mesh.daemons[recipient].pubkey, "client_message_id": cmid},
                              needs_ts=t_broker + FORCED_LEASE_MS + 100)
+            elif mode == "duplicate_message_event":  # the redelivery publishes a message event
+                self._record(mode, {"node": mesh.daemons[recipient].name}, needs_ts=t_broker + FORCED_LEASE_MS + 100)
         t_ack = t_broker + 3
         acked_id = mesh.new_id(t_ack) if inject == "done_without_message" else broker_message_id
         if inject == "fingerprint_changed":

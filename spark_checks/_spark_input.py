@@ -14,7 +14,9 @@ Theory of operation (DataFrame operations only, no Python UDFs):
   node in (file, line) order, plus ``file`` and ``file_line``. A JSONL file must be under 2 GB (one string); traces
   that large belong in Parquet.
 * Parquet: every file's footer is read on the driver and its columns compared with ``format.FLAT_SCHEMA``; the rows
-  are then judged by the tree rendered over their typed columns (``validity.ParquetAccess``).
+  are then judged by the tree rendered over their typed columns (``validity.ParquetAccess``). The (node, line)
+  positions two rows hold are found first by one aggregation over those two columns (``_shared_positions``); only
+  when there are some are the rows joined with them (their rows are ``layout``).
 * Invalid events are counted by reason and the first ``INVALID_LISTED`` fetched, in one small job (a caller's own
   aggregation of a Parquet trace -- the Spark checks' statistics -- can take the count's place in it); the checks then
   read the valid events only: with nothing invalid, a Parquet trace's files as they are, with no validity expression
@@ -45,22 +47,20 @@ class SparkDialect(v.SqlDialect):
 
     # Long conjunctions are CASE chains: Spark's code generator splits a CASE's branches into methods, never an
     # AND's operands, and the schema's tree as one AND outgrows a Java method (64 KB).
-    def and_(self, items: list[str]) -> str:
-        kept = self.folded(items, "true", "false")
-        if isinstance(kept, str) or len(kept) <= 2:
-            return super().and_(items)
-        return self.when([(self.not_(item), "false") for item in kept], "true")
+    def _and_text(self, items: list[str]) -> str:
+        if len(items) <= 2:
+            return super()._and_text(items)
+        return self.when([(self.not_(item), "false") for item in items], "true")
 
-    def or_(self, items: list[str]) -> str:
-        kept = self.folded(items, "false", "true")
-        if isinstance(kept, str) or len(kept) <= 2:
-            return super().or_(items)
-        return self.when([(item, "true") for item in kept], "false")
+    def _or_text(self, items: list[str]) -> str:
+        if len(items) <= 2:
+            return super()._or_text(items)
+        return self.when([(item, "true") for item in items], "false")
 
     def matches(self, a: str, pattern: str) -> str:
-        return f"rlike({a}, {self.lit(pattern)})"
+        return self._derived(f"rlike({a}, {self.lit(pattern)})", a)
 
-    def col(self, name: str) -> str:
+    def quote(self, name: str) -> str:
         return f"`{name}`"
 
 
@@ -188,7 +188,7 @@ def _message(row: dict[str, Any]) -> str:
     if reason == v.TORN_TAIL:
         return v.TORN_MESSAGE
     if reason == "layout":
-        return f"line: {'null' if row['line'] is None else row['line']} is not a position in the node's stream"
+        return v.layout_message(row["line"])
     if reason not in ("integer_literal", "schema"):
         return v.REASONS[reason] if reason != "duplicate_member" else \
             "a member name appears twice in the event or its effects"
@@ -219,11 +219,36 @@ def _parquet(spark: Any, trace: Trace) -> tuple[Any, Any]:
     renderer = v.Renderer(d, v.ParquetAccess(d))
     tree = v.compile_event().tree
     layout = F.col("line").isNull() | (F.col("line") < 0)
+    rows = frame
+    shared = _shared_positions(frame)
+    if shared is not None:  # rare: their rows are marked by a join, kept out of the plain trace's plans
+        rows = frame.join(shared, ["node", "line"], "left").select(*fmt.COLUMNS, "shared")
+        layout = layout | F.col("shared").isNotNull()
     reason = F.when(layout, "layout").when(~F.expr(renderer.valid(tree)), "schema")
     where = F.concat(F.coalesce(F.col("node"), F.lit("null")), F.lit("@line "),
                      F.coalesce(F.col("line").cast("string"), F.lit("null")))
-    return frame, frame.select("*", reason.alias("reason"), F.lit(None).cast("string").alias("message"),
-                               where.alias("where"))
+    judged = rows.select(*fmt.COLUMNS, reason.alias("reason"), F.lit(None).cast("string").alias("message"),
+                         where.alias("where"))
+    return frame, judged
+
+
+#: the most shared positions ``_shared_positions`` broadcasts (more are joined by a shuffle)
+SHARED_BROADCAST = 100_000
+
+
+def _shared_positions(frame: Any) -> Any:
+    """The (node, line) positions more than one row holds, with a ``shared`` column, or None when there are none.
+    One small job before the read's own: an aggregation over the two columns of every file (a node's rows span
+    files and datasets), kept (``localCheckpoint``); a row with a null node or a null or negative line holds none."""
+    from pyspark.sql import functions as F
+
+    shared = (frame.select("node", "line").filter(F.col("node").isNotNull() & (F.col("line") >= 0))
+              .groupBy("node", "line").agg(F.count(F.lit(1)).alias("n")).filter(F.col("n") > 1)
+              .select("node", "line", F.lit(True).alias("shared")).localCheckpoint())
+    count = shared.count()
+    if count == 0:
+        return None
+    return F.broadcast(shared) if count <= SHARED_BROADCAST else shared
 
 
 #: a field of a Parquet schema's text (``MessageType.toString()``): repetition, type (with a length), name, annotation

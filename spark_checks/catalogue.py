@@ -74,8 +74,10 @@ CATALOGUE: tuple[Invariant, ...] = (
         "is the previous value plus one for a dispatch, else unchanged. A row's first transition starts from `none` "
         "with attempts 0, or from `pending` (every row is created pending, attempts 0: a daemon stopped between "
         "the commit that created it and that event, restarted, E-32) only when the node's trace shows the row "
-        "created: a 202 IPC-NEW ipc_decision of that node whose outbox_id is that row, or the requeue (to "
-        "`aborted`) of another row of the node whose superseded_by names it, anywhere in the node's trace. A "
+        "created: an ipc_decision of that node whose outbox_id is that row, on an ipc_lookup row that inserts one "
+        "(IPC-NEW, 202), or a requeue of another row of the node whose superseded_by names it, on an outbox row "
+        "that inserts the successor (pending or dead to aborted), anywhere in the node's trace; both sets are read "
+        "from spec/tables. A "
         "requeue successor's `none -> pending` is the effect of one requeue (REQUEUE-ATOMIC): a row whose "
         "`superseded_by` names it went to `aborted` by a requeue, and the successor carries that row's table_row "
         "(spec/schemas/trace/outbox_transition.json); with several such rows, the first is compared.",
@@ -86,11 +88,13 @@ CATALOGUE: tuple[Invariant, ...] = (
          "IPC-DEAD-MATCH", "IPC-CONFLICT-NO-MUTATION", "IPC-SERIALIZED", "REQUEUE-NEVER-FREES"),
         ("node", "client_message_id"), ("ipc_decision", "outbox_transition"), "prefix", "ipc_decision_inconsistent",
         "Every ipc_decision's row_state is the state the traced transitions leave the (node, client_message_id) row "
-        "in at that seq (`none` before its first transition); fingerprint_match is null for `none`, else whether "
-        "the request fingerprint equals the row's frozen fingerprint (its first transition's); table_row and "
-        "http_status are the spec/tables/ipc_lookup.yaml row for (row_state, fingerprint_match); a non-null "
-        "outbox_id for an existing row names that row.",
-        frozenset({"daemon"})),
+        "in at that seq; before its first transition, `pending` after a decision that created the row (an "
+        "ipc_lookup row whose mutation inserts one, IPC-NEW 202, naming an outbox_id: the transition's event was "
+        "lost to a kill, E-32), else `none`; fingerprint_match is null for `none`, else whether the request "
+        "fingerprint equals the row's frozen fingerprint (its first transition's, or the creating decision's); "
+        "table_row and http_status are the spec/tables/ipc_lookup.yaml row for (row_state, fingerprint_match); a "
+        "non-null outbox_id for an existing row names that row.",
+        frozenset({"daemon"}), ("E-32",)),
     Invariant(
         "TRC-FP-FROZEN", "The request fingerprint is frozen for a row's lifecycle",
         ("FP-FROZEN", "REQUEUE-ATOMIC"),
@@ -233,6 +237,21 @@ CATALOGUE: tuple[Invariant, ...] = (
         ("node",), ("sse_event",), "pair", "non_monotonic_event_id",
         "Per daemon node, the event_id of sse_event events strictly increases in file order (E-13: persisted ids).",
         frozenset({"daemon"}), ("E-13",)),
+    Invariant(
+        "TRC-MESSAGE-EVENT-NEW-ROW", "Only a new inbox row publishes a message event",
+        ("INB-DEDUPE-EVENT",),
+        ("node",), ("inbox_insert", "sse_event"), "pair", "duplicate_message_event",
+        "Per daemon node, the sse_events with event `message` are no more than the inbox_insert events with "
+        "inserted = true: a new row publishes one, a redelivery (inserted = false) none. An sse_event names no inbox "
+        "row (only its event_id), so this is a count over the node's whole trace; it is reported at the first "
+        "message event, in file order (the `line` column), that outnumbers the new rows before it, with the last "
+        "inbox_insert before it. A daemon writes a new row's inbox_insert before its message event (E-32), so a "
+        "daemon stopped between the two leaves a row without its event, which the count allows; an SSE replay after "
+        "Last-Event-ID re-sends persisted events and traces none. Not caught: a duplicate's event on a node where as "
+        "many new rows lack their message event (their daemon stopped between the two events). A daemon that "
+        "writes a row's event before its insert (against E-32) passes while its counts agree; when they do not, it "
+        "is reported at its first message event that runs ahead of the rows, not necessarily the duplicate's.",
+        frozenset({"daemon"}), ("E-13", "E-32")),
 )
 
 BY_ID: dict[str, Invariant] = {inv.id: inv for inv in CATALOGUE}
@@ -307,7 +326,7 @@ DETAILS: dict[str, tuple[str, tuple[str, ...]]] = {
                                 "superseded_by)", ("e.outbox_id", "e.table_row")),
     # TRC-IPC-CONSISTENT
     "ipc-row-state": ("%s %s for row_state %s, but the row was %s",
-                      ("e.table_row", "e.http_status", "e.row_state", "r.to_state|none")),
+                      ("e.table_row", "e.http_status", "e.row_state", "fact")),
     "ipc-fingerprint-match": ("%s %s with fingerprint_match %s for request fingerprint %s, expected %s",
                               ("e.table_row", "e.http_status", "e.fingerprint_match", "e.request_fingerprint",
                                "fact")),
@@ -391,6 +410,10 @@ DETAILS: dict[str, tuple[str, tuple[str, ...]]] = {
     # TRC-INBOX-SEQ-MONOTONIC (``<column>-not-increasing``)
     "inbox_seq-not-increasing": ("inbox_seq %s (seq %s, line %s) inserted after inbox_seq %s (seq %s, line %s)",
                                  ("e.inbox_seq", "e.seq", "e.line", "r.inbox_seq", "r.seq", "r.line")),
+    # TRC-MESSAGE-EVENT-NEW-ROW
+    "message-event-without-row": ("message event_id %s (seq %s, line %s) outnumbers the new inbox rows: it follows %s "
+                                  "inbox_insert with inserted = true and as many message events",
+                                  ("e.event_id", "e.seq", "e.line", "fact")),
 }
 
 

@@ -331,7 +331,7 @@ def _convert(args: argparse.Namespace) -> int:
             if trace.is_jsonl:
                 raise InputError(f"{', '.join(args.paths)}: not a Parquet dataset (use --to parquet for JSONL)")
             table = fmt.read_files(trace.parquet_files)
-            valid, listed, reasons = fmt.validate_table(table)
+            valid, listed, reasons = fmt.validate_table(table, shared=fmt.shared_positions(trace.parquet_files))
             events, invalid = valid.num_rows, [entry for _, entry in listed]
     except InputError as exc:
         print(f"meshtrace convert: {exc}", file=sys.stderr)

@@ -47,7 +47,9 @@ rows AS MATERIALIZED (
   SELECT e.node, e.client_message_id AS cmid, e.seq, e.line, e.ts_ms, e.kind = 'outbox_transition' AS is_ot,
          e.outbox_id AS oid, e.request_fingerprint AS fp, e.from_state AS fr, e.to_state AS tos, e.attempts AS att,
          e.table_row, e.row_state AS st, e.fingerprint_match AS fm, e.max_age_at_ms, e.enqueued_at_ms AS enq, l.delta,
-         a.answer IS NOT NULL AS tok, x.answer AS expected_answer
+         a.answer IS NOT NULL AS tok, x.answer AS expected_answer,
+         e.kind = 'ipc_decision' AND e.outbox_id IS NOT NULL AND coalesce((e.table_row, e.http_status) IN (
+           SELECT (table_row, http_status) FROM creating_decisions), false) AS made
   FROM ev e
   LEFT JOIN legal l ON e.kind = 'outbox_transition'
        AND l.tkey = concat_ws('|', e.from_state, e.event, e.to_state, e.table_row)
@@ -63,16 +65,21 @@ w AS MATERIALIZED (
                                         'mag': max_age_at_ms, 'enq': enq}} END IGNORE NULLS)
       OVER (PARTITION BY node, cmid ORDER BY seq, line ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS p,
     first_value(CASE WHEN is_ot THEN {{'seq': seq, 'line': line, 'fp': fp}} END IGNORE NULLS)
-      OVER (PARTITION BY node, cmid ORDER BY seq, line ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS f
+      OVER (PARTITION BY node, cmid ORDER BY seq, line ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS f,
+    last_value(CASE WHEN made THEN {{'seq': seq, 'line': line, 'fp': fp, 'oid': oid}} END IGNORE NULLS)
+      OVER (PARTITION BY node, cmid ORDER BY seq, line ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS m
   FROM rows),
 shown_created AS (
-  -- the rows the node's trace shows created (anywhere in it): named by a 202 IPC-NEW decision, or a requeue
-  -- successor named by another row's requeue
+  -- the rows the node's trace shows created (anywhere in it): named by a decision whose table row creates one
+  -- (creating_decisions: IPC-NEW, 202), or a successor named by a requeue whose table row inserts it
+  -- (creating_transitions), both read from spec/tables (oracle.Tables)
   SELECT node, outbox_id AS oid FROM ev
-  WHERE kind = 'ipc_decision' AND table_row = 'IPC-NEW' AND http_status = 202 AND outbox_id IS NOT NULL
+  WHERE kind = 'ipc_decision' AND (table_row, http_status) IN (SELECT (table_row, http_status) FROM creating_decisions)
+        AND outbox_id IS NOT NULL
   UNION
   SELECT node, superseded_by FROM ev
-  WHERE kind = 'outbox_transition' AND event = 'requeue' AND from_state <> 'none' AND to_state = 'aborted'
+  WHERE kind = 'outbox_transition'
+        AND (from_state, event, to_state) IN (SELECT (from_state, event, to_state) FROM creating_transitions)
         AND superseded_by IS NOT NULL AND superseded_by <> outbox_id),
 wc AS (
   -- a row's first transition may start at `pending` when the trace shows the row created: a daemon stopped between
@@ -144,9 +151,11 @@ fresh AS (
       OVER (PARTITION BY node, cmid ORDER BY seq, line ROWS BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING) AS nx
   FROM (SELECT node, client_message_id AS cmid, seq, line, kind = 'outbox_transition' AS is_ot, outbox_id AS oid,
                request_fingerprint AS fp, row_state AS st,
-               kind = 'ipc_decision' AND table_row = 'IPC-NEW' AND http_status = 202 AS is_new
+               kind = 'ipc_decision' AND coalesce((table_row, http_status) IN (
+                 SELECT (table_row, http_status) FROM creating_decisions), false) AS is_new
         FROM ev WHERE kind = 'outbox_transition'
-                      OR (kind = 'ipc_decision' AND (row_state = 'none' OR table_row = 'IPC-NEW')))),
+                      OR (kind = 'ipc_decision' AND (row_state = 'none'
+                                                     OR table_row IN (SELECT table_row FROM creating_decisions))))),
 created AS (
   SELECT node, max(made) AS later FROM (
     SELECT node, client_message_id, min(seq) FILTER (WHERE from_state = 'none') AS made,
@@ -182,6 +191,20 @@ inbox_seqs AS (
   SELECT node, seq, line, inbox_seq AS value,
          lag((seq, line, inbox_seq)) OVER (PARTITION BY node ORDER BY line, seq) AS prev
   FROM ev WHERE kind = 'inbox_insert' AND inserted AND inbox_seq IS NOT NULL),
+published AS (
+  -- per node in line order: the message events and new rows so far, and the last inbox_insert before; kept are the
+  -- message events that outnumber the rows before them, on nodes with more message events than new rows
+  SELECT * FROM (
+    SELECT node, seq, line, is_message,
+      sum(CAST(is_message AS INTEGER)) OVER (PARTITION BY node ORDER BY line, seq ROWS UNBOUNDED PRECEDING) AS messages,
+      sum(CAST(is_new AS INTEGER)) OVER (PARTITION BY node ORDER BY line, seq ROWS UNBOUNDED PRECEDING) AS news,
+      sum(CAST(is_message AS INTEGER) - CAST(is_new AS INTEGER)) OVER (PARTITION BY node) AS surplus,
+      last_value(CASE WHEN NOT is_message THEN (seq, line) END IGNORE NULLS)
+        OVER (PARTITION BY node ORDER BY line, seq ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev
+    FROM (SELECT node, seq, line, kind = 'sse_event' AS is_message,
+                 kind = 'inbox_insert' AND coalesce(inserted, false) AS is_new
+          FROM ev WHERE kind = 'inbox_insert' OR (kind = 'sse_event' AND event = 'message')))
+  WHERE is_message AND surplus > 0 AND messages > news),
 candidates AS (
   SELECT 'TRC-OUTBOX-LEGAL' AS invariant, node || '|' || oid AS k, node, seq, line,
          CASE WHEN same_row THEN node END AS r_node, CASE WHEN same_row THEN p.seq END AS r_seq,
@@ -193,18 +216,24 @@ candidates AS (
   FROM wc WHERE is_ot AND (delta IS NULL OR NOT from_ok
                            OR att IS DISTINCT FROM (CASE WHEN same_row THEN p.att ELSE 0 END) + coalesce(delta, 0))
   UNION ALL
-  SELECT 'TRC-IPC-CONSISTENT', node || '|' || cmid, node, seq, line, CASE WHEN p IS NOT NULL THEN node END, p.seq,
-         p.line, false,
-         CASE WHEN st IS DISTINCT FROM coalesce(p.tos, 'none') THEN 'ipc-row-state'
-              WHEN fm IS DISTINCT FROM CASE WHEN p IS NULL THEN NULL ELSE fp = f.fp END THEN 'ipc-fingerprint-match'
+  -- what the lookup finds (k): the row as its last transition left it; before any, the row a decision created
+  -- (`pending`, its fingerprint and id: the transition's event lost, E-32), else none
+  SELECT 'TRC-IPC-CONSISTENT', node || '|' || cmid, node, seq, line, CASE WHEN k IS NOT NULL THEN node END, k.seq,
+         k.line, false,
+         CASE WHEN st IS DISTINCT FROM coalesce(k.tos, 'none') THEN 'ipc-row-state'
+              WHEN fm IS DISTINCT FROM xm THEN 'ipc-fingerprint-match'
               WHEN NOT tok THEN 'ipc-answer' ELSE 'ipc-outbox-id' END,
-         CASE WHEN st IS DISTINCT FROM coalesce(p.tos, 'none') THEN NULL
-              WHEN fm IS DISTINCT FROM CASE WHEN p IS NULL THEN NULL ELSE fp = f.fp END
-                   THEN CAST(CASE WHEN p IS NULL THEN NULL ELSE fp = f.fp END AS VARCHAR)
+         CASE WHEN st IS DISTINCT FROM coalesce(k.tos, 'none') THEN coalesce(k.tos, 'none')
+              WHEN fm IS DISTINCT FROM xm THEN CAST(xm AS VARCHAR)
               WHEN NOT tok THEN expected_answer END
-  FROM wc WHERE NOT is_ot AND (st IS DISTINCT FROM coalesce(p.tos, 'none')
-                               OR fm IS DISTINCT FROM CASE WHEN p IS NULL THEN NULL ELSE fp = f.fp END
-                               OR NOT tok OR (p IS NOT NULL AND oid IS NOT NULL AND oid <> p.oid))
+  FROM (SELECT *, CASE WHEN k IS NOT NULL THEN fp = k.fp END AS xm FROM (
+          SELECT *, CASE WHEN p IS NOT NULL THEN {{'seq': p.seq, 'line': p.line, 'tos': p.tos, 'oid': p.oid,
+                                                   'fp': f.fp}}
+                         WHEN m IS NOT NULL THEN {{'seq': m.seq, 'line': m.line, 'tos': 'pending', 'oid': m.oid,
+                                                   'fp': m.fp}} END AS k
+          FROM wc WHERE NOT is_ot))
+  WHERE st IS DISTINCT FROM coalesce(k.tos, 'none') OR fm IS DISTINCT FROM xm OR NOT tok
+        OR (k IS NOT NULL AND oid IS NOT NULL AND oid <> k.oid)
   UNION ALL
   SELECT 'TRC-FP-FROZEN', node || '|' || oid, node, seq, line, node, f.seq, f.line, false, 'fp-changed', NULL
   FROM wc WHERE is_ot AND fp IS DISTINCT FROM f.fp
@@ -308,7 +337,11 @@ candidates AS (
   UNION ALL
   SELECT 'TRC-INBOX-SEQ-MONOTONIC', node, node, seq, line, node, prev[1], prev[2], true, 'inbox_seq-not-increasing',
          NULL
-  FROM inbox_seqs WHERE value <= prev[3])
+  FROM inbox_seqs WHERE value <= prev[3]
+  UNION ALL
+  SELECT 'TRC-MESSAGE-EVENT-NEW-ROW', node, node, seq, line, CASE WHEN prev IS NOT NULL THEN node END, prev[1],
+         prev[2], true, 'message-event-without-row', CAST(news AS VARCHAR)
+  FROM published)
 SELECT invariant, k,
   arg_min((node, seq, line, r_node, r_seq, r_line, detail, fact),
           (CASE WHEN by_line THEN '' ELSE node END, CASE WHEN by_line THEN line ELSE seq END,
@@ -352,6 +385,10 @@ def check(paths: str | Path | list[str] | list[Path], threads: int | None = None
     con.executemany("INSERT INTO legal VALUES (?, ?)", sorted(legal_transitions(tables).items()))
     con.execute("CREATE TEMP TABLE answers (answer VARCHAR)")
     con.executemany("INSERT INTO answers VALUES (?)", [(a,) for a in ipc_answers(tables)])
+    con.execute("CREATE TEMP TABLE creating_decisions (table_row VARCHAR, http_status INTEGER)")
+    con.executemany("INSERT INTO creating_decisions VALUES (?, ?)", sorted(tables.creating_decisions))
+    con.execute("CREATE TEMP TABLE creating_transitions (from_state VARCHAR, event VARCHAR, to_state VARCHAR)")
+    con.executemany("INSERT INTO creating_transitions VALUES (?, ?, ?)", sorted(tables.creating_transitions))
     con.execute("CREATE TEMP TABLE ipc_expected (k VARCHAR, answer VARCHAR)")
     con.executemany("INSERT INTO ipc_expected VALUES (?, ?)",
                     [(f"{state}|{text}", tables.ipc_answer(state, match)) for state in STATES

@@ -351,11 +351,45 @@ def event_view(row: dict[str, Any]) -> dict[str, Any]:
     return event
 
 
-def validate_table(table: pa.Table, listed: int = INVALID_LISTED
+#: The most (node, line) pairs ``shared_positions`` holds in one pass over a trace.
+POSITIONS_PER_PASS = 1 << 22
+
+
+def shared_positions(files: Iterable[str]) -> set[tuple[str, int]]:
+    """The (node, line) positions that more than one row of the Parquet ``files`` holds (a row with a null node,
+    or a null or negative line, holds none). Reads only the two columns, in as many passes as keep each pass under
+    ``POSITIONS_PER_PASS`` pairs: pass ``k`` groups the lines whose remainder by the number of passes is ``k``."""
+    import pyarrow.compute as pc
+
+    files = list(files)
+    total = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+    passes = max(1, -(-total // POSITIONS_PER_PASS))
+    schema = pa.schema([FLAT_SCHEMA.field("node"), FLAT_SCHEMA.field("line")])
+    shared: set[tuple[str, int]] = set()
+    for k in range(passes):
+        parts = []
+        for f in files:
+            pairs = pq.read_table(f, columns=["node", "line"], schema=FLAT_SCHEMA).select(["node", "line"])
+            keep = pc.and_kleene(pc.is_valid(pairs["node"]), pc.greater_equal(pairs["line"], 0))
+            if passes > 1:
+                remainder = pc.subtract(pairs["line"], pc.multiply(pc.divide(pairs["line"], passes), passes))
+                keep = pc.and_kleene(keep, pc.equal(remainder, k))
+            parts.append(pairs.filter(keep))
+        pairs = pa.concat_tables(parts) if parts else schema.empty_table()
+        counted = pairs.group_by(["node", "line"]).aggregate([([], "count_all")])
+        held = counted.filter(pc.greater(counted["count_all"], 1))
+        shared.update(zip(held["node"].to_pylist(), held["line"].to_pylist(), strict=True))
+    return shared
+
+
+def validate_table(table: pa.Table, listed: int = INVALID_LISTED, shared: set[tuple[str, int]] | None = None
                    ) -> tuple[pa.Table, list[tuple[tuple[Any, ...], dict[str, Any]]], dict[str, int]]:
     """The valid rows of a Parquet table, its first ``listed`` invalid rows as (order, ``{"where": "<node>@line <n>",
-    "reason", "message"}``) in (node, line) order (nulls first), and how many are invalid for each reason."""
+    "reason", "message"}``) in (node, line) order (nulls first), and how many are invalid for each reason.
+    ``shared``: the trace's positions held by more than one row (``shared_positions``), whose rows are ``layout``."""
     from spec import fast_validator
+
+    from .validity import layout_message
 
     check = fast_validator("trace/event")
     keep: list[bool] = []
@@ -363,8 +397,8 @@ def validate_table(table: pa.Table, listed: int = INVALID_LISTED
     for row in table.to_pylist():
         line = row.get("line")
         reason = message = None
-        if line is None or line < 0:
-            reason, message = "layout", f"line: {line} is not a position in the node's stream"
+        if line is None or line < 0 or (shared and (row.get("node"), line) in shared):
+            reason, message = "layout", layout_message(line)
         else:
             event = event_view(row)
             if not check.is_valid(event):

@@ -99,6 +99,11 @@ class LocalFS:
     def location(self, text: str) -> str:
         return self.path(text)
 
+    @staticmethod
+    def identity(location: str) -> str:
+        """What two spellings of one file share (links and ``..`` resolved)."""
+        return os.path.realpath(location)
+
 
 class HadoopFS:
     """The session's Hadoop filesystems (any URI the cluster can read)."""
@@ -134,24 +139,40 @@ class HadoopFS:
         fs, path = self._fs(text)
         return fs.makeQualified(path).toUri().toString()
 
+    @staticmethod
+    def identity(location: str) -> str:
+        """What two spellings of one file share: its qualified URI."""
+        return location
+
 
 def _hidden(relative: str) -> bool:
     return any(part.startswith((".", "_")) for part in relative.split("/"))
 
 
 def locate(arguments: Iterable[str], fs: LocalFS | HadoopFS) -> Trace:
-    """The trace the arguments name; raises ``InputError`` when there is none."""
+    """The trace the arguments name; raises ``InputError`` when there is none. A file named twice (by two arguments,
+    or a directory and a file in it, in any spelling the filesystem resolves alike) is read once."""
     jsonl: dict[str, JsonlFile] = {}
     datasets: list[tuple[str, tuple[str, ...]]] = []
+    seen: set[str] = set()
+
+    def fresh(location: str) -> bool:
+        key = fs.identity(location)
+        new = key not in seen
+        seen.add(key)
+        return new
+
     for argument in arguments:
         argument = str(argument)
         if not fs.exists(argument):
             raise InputError(f"no such file or directory: {argument}")
         if not fs.is_dir(argument):
             if argument.endswith(".jsonl"):
-                jsonl.setdefault(argument, JsonlFile(fs.location(argument), argument))
+                if fresh(fs.location(argument)):
+                    jsonl.setdefault(argument, JsonlFile(fs.location(argument), argument))
             elif argument.endswith(".parquet"):
-                datasets.append((argument, (fs.location(argument),)))
+                if fresh(fs.location(argument)):
+                    datasets.append((argument, (fs.location(argument),)))
             else:
                 raise InputError(f"{argument}: neither a .jsonl nor a .parquet file")
             continue
@@ -169,13 +190,16 @@ def locate(arguments: Iterable[str], fs: LocalFS | HadoopFS) -> Trace:
             raise InputError(f"{root} holds both JSONL and Parquet files: check one trace at a time (meshtrace "
                              f"convert turns JSONL into a Parquet dataset)")
         if parquet:
-            datasets.append((root, tuple(parquet)))
+            unread = tuple(loc for loc in parquet if fresh(loc))
+            if unread:
+                datasets.append((root, unread))
             continue
         if not found:
             raise InputError(f"no trace files (*.jsonl or *.parquet) in {argument}")
         for rel, loc in found:
             display = join(argument, rel)
-            jsonl.setdefault(display, JsonlFile(loc, display))
+            if fresh(loc):
+                jsonl.setdefault(display, JsonlFile(loc, display))
     if jsonl and datasets:
         raise InputError("JSONL files and Parquet datasets cannot be checked together; convert the JSONL first "
                          "(meshtrace convert)")

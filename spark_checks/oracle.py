@@ -3,9 +3,9 @@
 Theory of operation. Every per-subject invariant's subject lives in one dataset bucket (see ``format``), so the oracle
 reads one bucket at a time and replays each subject's events in order, deciding transitions and IPC answers with the
 tables themselves (``reference.core``'s ``DecisionTable`` lookups) rather than with a derived legal set as the Spark
-checks do: two derivations of one catalogue. What needs the whole trace -- a node's seq and SSE event ids, each broker
-node's last ts, which meshes have broker events, requeue successors in another bucket -- is gathered during the pass
-and decided at the end. A JSONL trace is checked as a single bucket.
+checks do: two derivations of one catalogue. What needs the whole trace -- a node's seq and SSE event ids, its
+message events and inbox inserts, each broker node's last ts, which meshes have broker events, requeue successors in
+another bucket -- is gathered during the pass and decided at the end. A JSONL trace is checked as a single bucket.
 
 Rules shared with ``spark_checks.spark`` (the tests hold the two to the same answers):
 
@@ -66,6 +66,7 @@ DUP_COLUMNS = ("node", "seq", "line", "mesh", "client_message_id", "table_row", 
 ATTEMPT_COLUMNS = ("node", "seq", "line", "mesh", "delivery_id", "attempt")
 INBOX_SEQ_COLUMNS = ("node", "seq", "line", "recipient", "client_message_id", "inserted", "inbox_seq")
 II_COLUMNS = ("node", "seq", "line", "recipient", "client_message_id", "inserted")
+NEW_ROW, REDELIVERY, MESSAGE = 0, 1, 2  # TRC-MESSAGE-EVENT-NEW-ROW's events: inbox_insert (inserted or not), message
 ALL_COLUMNS = sorted({"kind", "source", "event_id", *OT_COLUMNS, *IPC_COLUMNS, *AD_COLUMNS, *AC_COLUMNS,
                       *DL_COLUMNS, *DA_COLUMNS, *II_COLUMNS, *DUP_COLUMNS, *ATTEMPT_COLUMNS, *INBOX_SEQ_COLUMNS})
 
@@ -137,6 +138,16 @@ class Tables:
         self._ipc = ipc.table()
         self.successor_rows = frozenset(row.id for row in self._outbox.rows
                                         if "insert_successor_pending" in row.then.get("effects", ()))
+        #: the decisions that create an outbox row, as (table_row, http_status): the ipc_lookup rows whose mutation
+        #: inserts one (IPC-NEW, 202)
+        self.creating_decisions = frozenset((row.id, int(row.then["http_status"])) for row in self._ipc.rows
+                                            if row.then.get("mutation") == "insert_pending")
+        #: the transitions that create a successor row, the one their ``superseded_by`` names, as (from_state,
+        #: event, to_state): the outbox rows whose effects insert it (a requeue of a pending or dead row to aborted)
+        self.creating_transitions = frozenset(
+            (state, event, row.then["to"]) for row in self._outbox.rows
+            if "insert_successor_pending" in row.then.get("effects", ())
+            for state in sorted(row.when["state"]) for event in sorted(row.when["event"]))
         self._transitions: dict[tuple[Any, ...], int | None] = {}
         self._answers: dict[tuple[Any, ...], bool] = {}
 
@@ -201,10 +212,12 @@ def _buckets(trace: Trace, invalid: _Invalid) -> Iterator[pa.Table]:
     by_directory: dict[str, list[str]] = defaultdict(list)
     for path in trace.parquet_files:
         by_directory[os.path.dirname(path)].append(path)
+    # a node's rows span buckets, files and datasets: the positions two rows hold are found over the whole trace first
+    shared = fmt.shared_positions(trace.parquet_files)
     for directory in sorted(by_directory):
         tables = [pq.read_table(f, schema=fmt.FLAT_SCHEMA) for f in sorted(by_directory[directory])]
         table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
-        valid, listed, reasons = fmt.validate_table(table)
+        valid, listed, reasons = fmt.validate_table(table, shared=shared)
         invalid.add(listed, reasons)
         yield valid.select(ALL_COLUMNS)
 
@@ -257,6 +270,7 @@ class Oracle:
             self._bucket(table, state)
         self._finish(state)
         self._settle_added(state)
+        self._message_events(state)
         chosen = self._first(state.candidates)
         counts: dict[str, int] = defaultdict(int)
         for violation_key in chosen:
@@ -288,6 +302,8 @@ class Oracle:
                          st)
         self._attempts(_tuples(table, "delivery", ATTEMPT_COLUMNS), st)
         self._inbox_seqs(_tuples(table, "inbox_insert", INBOX_SEQ_COLUMNS), st)
+        self._published(_tuples(table, "inbox_insert", ("node", "seq", "line", "inserted")),
+                        _tuples(table, "sse_event", ("node", "seq", "line", "event")), st)
 
     def _node_level(self, table: pa.Table, st: _State) -> None:
         columns = table.select(["node", "line", "seq", "ts_ms", "source", "mesh", "kind", "event_id"]).to_pydict()
@@ -330,15 +346,17 @@ class Oracle:
         # among them is decided at the end (_starts), against the decisions naming a row of another bucket (kept in
         # st.created) and the requeues (st.aborted)
         rows_here = {(e[0], e[6]) for e in ot}
-        created = {(e[0], e[9]) for e in ipc if e[7] == "IPC-NEW" and e[8] == 202 and e[9] is not None}
+        creating = self.tables.creating_decisions
+        created = {(e[0], e[9]) for e in ipc if (e[7], e[8]) in creating and e[9] is not None}
         st.created.update(created - rows_here)
-        created.update((e[0], e[15]) for e in ot if e[10] == "requeue" and e[8] != "none" and e[9] == "aborted"
+        created.update((e[0], e[15]) for e in ot if (e[8], e[10], e[9]) in self.tables.creating_transitions
                        and e[15] is not None and e[15] != e[6])
         tables = self.tables
         for (node, cmid), events in subjects.items():
             events.sort(key=lambda e: (e[0], e[2][2]))
             last = None  # the previous transition
             first = None  # the first transition
+            made = None  # before any transition: the last decision creating a row (its transition's event lost, E-32)
             history: list[tuple[int, int, tuple[Any, ...]]] = []
             for seq, is_ot, event in events:
                 history.append((seq, is_ot, event))
@@ -380,20 +398,27 @@ class Oracle:
                     last = event
                 else:
                     (_, _, _, _, fp, row_state, match, table_row, http_status, oid) = event
-                    state = "none" if last is None else last[9]
-                    expected_match = None if last is None else fp == first[7]  # type: ignore[index]
+                    # what the lookup finds: the row as its last transition left it; before any, the row a decision
+                    # created (`pending`, its fingerprint and id), else none
+                    state = last[9] if last is not None else "pending" if made is not None else "none"
+                    expected_match = (fp == first[7] if last is not None  # type: ignore[index]
+                                      else fp == made[4] if made is not None else None)
+                    known = last if last is not None else made
+                    known_oid = None if known is None else known[6] if known is last else known[9]
                     problem, fact = "", None
                     if row_state != state:
-                        problem = "ipc-row-state"
+                        problem, fact = "ipc-row-state", state
                     elif match is not expected_match:
                         problem, fact = "ipc-fingerprint-match", expected_match
                     elif not tables.ipc_answer_ok(row_state, match, table_row, http_status):
                         problem, fact = "ipc-answer", tables.ipc_answer(row_state, match)
-                    elif last is not None and oid is not None and oid != last[6]:
+                    elif known is not None and oid is not None and oid != known_oid:
                         problem = "ipc-outbox-id"
                     if problem:
                         self._add(st, "TRC-IPC-CONSISTENT", (("node", node), ("client_message_id", cmid)), event,
-                                  last, problem, self._prefix(history, event, related=last), fact=fact)
+                                  known, problem, self._prefix(history, event, related=known), fact=fact)
+                    if last is None and (table_row, http_status) in tables.creating_decisions and oid is not None:
+                        made = event
 
     @staticmethod
     def _max_age_case(event: tuple[Any, ...], previous: tuple[Any, ...] | None) -> str:
@@ -494,16 +519,17 @@ class Oracle:
         followed by nothing of its row is decided at the end, against the ids whose first transition its node traced
         later and dispatched."""
         subjects: dict[tuple[str, str], list[tuple[int, int, bool, tuple[Any, ...]]]] = defaultdict(list)
+        creating = self.tables.creating_decisions
         for event in ot:
             subjects[(event[0], event[5])].append((event[1], event[2], True, event))
         for event in ipc:
-            if event[5] == "none" or (event[7] == "IPC-NEW" and event[8] == 202):
+            if event[5] == "none" or (event[7], event[8]) in creating:
                 subjects[(event[0], event[3])].append((event[1], event[2], False, event))
         for (node, _), events in subjects.items():
             events.sort(key=lambda e: (e[0], e[1]))
             following = None  # the next transition, or decision that found no row
             for _, _, is_ot, event in reversed(events):
-                if not is_ot and event[7] == "IPC-NEW" and event[8] == 202:
+                if not is_ot and (event[7], event[8]) in creating:
                     fp, oid = event[4], event[9]
                     if following is None:
                         st.untraced_new.append(event)
@@ -613,6 +639,40 @@ class Oracle:
                               [(node, seqs[a], lines[a]), (node, seqs[b], lines[b])], by_line=True)
                     break
 
+    @staticmethod
+    def _published(ii: list[tuple[Any, ...]], sse: list[tuple[Any, ...]], st: _State) -> None:
+        """The node's inbox inserts and message events, for TRC-MESSAGE-EVENT-NEW-ROW (decided at the end)."""
+        for node, seq, line, code in itertools.chain(
+                ((e[0], e[1], e[2], NEW_ROW if e[3] else REDELIVERY) for e in ii),
+                ((e[0], e[1], e[2], MESSAGE) for e in sse if e[3] == "message")):
+            found = st.published.get(node)
+            if found is None:
+                found = st.published[node] = (array("q"), array("q"), array("b"))
+            found[0].append(line)
+            found[1].append(seq)
+            found[2].append(code)
+
+    def _message_events(self, st: _State) -> None:
+        """TRC-MESSAGE-EVENT-NEW-ROW: on a node with more message events than new inbox rows, the first message
+        event (line order) that outnumbers the new rows before it, with the last inbox_insert before it."""
+        for node, (lines, seqs, codes) in st.published.items():
+            if codes.count(MESSAGE) <= codes.count(NEW_ROW):
+                continue
+            messages = rows = 0
+            last: Ref | None = None
+            for k in sorted(range(len(lines)), key=lambda k: (lines[k], seqs[k])):
+                ref = (node, seqs[k], lines[k])
+                if codes[k] != MESSAGE:
+                    rows += codes[k] == NEW_ROW
+                    last = ref
+                    continue
+                messages += 1
+                if messages > rows:
+                    self._add(st, "TRC-MESSAGE-EVENT-NEW-ROW", (("node", node),), ref, last,
+                              "message-event-without-row", sorted(r for r in (last, ref) if r is not None),
+                              by_line=True, fact=rows)
+                    break
+
     # --- the end of the pass ----------------------------------------------------------------------------------
     def _finish(self, st: _State) -> None:
         for node, (lines, seqs) in st.lines.items():
@@ -673,7 +733,9 @@ class Oracle:
         (but for its attempts) when the node's trace shows the row created anywhere, else `outbox-from`."""
         for event, attempts_ok, expected_attempts, evidence in st.starts:
             node, oid = event[0], event[6]
-            made = (node, oid) in st.created or any(e[6] != oid for e in st.aborted.get((node, oid), ()))
+            made = (node, oid) in st.created or any(
+                e[6] != oid and (e[8], e[10], e[9]) in self.tables.creating_transitions
+                for e in st.aborted.get((node, oid), ()))
             if not made or not attempts_ok:
                 self._add(st, "TRC-OUTBOX-LEGAL", (("node", node), ("outbox_id", oid)), event, None,
                           "outbox-attempts" if made else "outbox-from", evidence, fact=expected_attempts)
@@ -755,13 +817,14 @@ class _State:
     created_dispatched: dict[str, int] = field(default_factory=dict)
     inflight: list[tuple[Any, ...]] = field(default_factory=list)
     inbox_seqs: dict[str, tuple[array, array, array]] = field(default_factory=dict)
+    published: dict[str, tuple[array, array, array]] = field(default_factory=dict)  # (line, seq, NEW_ROW/...)
     candidates: list[tuple[Any, ...]] = field(default_factory=list)
 
 
 def load_rows(trace: Trace | str | Path | list[str] | list[Path], wanted: set[tuple[str, int]]
               ) -> dict[tuple[str, int], dict[str, Any]]:
     """The flat rows of the valid events at the (node, line) positions in ``wanted`` (JSONL rows keep ``file`` and
-    ``file_line``)."""
+    ``file_line``). A valid event's position is held by no other row, so no row read here shares one."""
     trace = trace if isinstance(trace, Trace) else locate(trace)
     found: dict[tuple[str, int], dict[str, Any]] = {}
     if trace.is_jsonl:

@@ -349,11 +349,13 @@ class SparkChecker:
             return F.shiftleft(F.coalesce(value, F.lit(0)).cast("long"), shift)
 
         dispatch = F.col("table_row") == "OB-PENDING-DISPATCH"
+        made = self._creating_decision() & F.col("outbox_id").isNotNull()
         # one long: from(4 bits) to(4) row_state(4) delta+1(4, 0 = not a legal transition) match(2) answer ok(1)
-        # max age violated(1) is_ot(1) a dispatch(1)
+        # max age violated(1) is_ot(1) a dispatch(1) a decision creating a row(1)
         packed = (bits(code("from_state"), 0) + bits(code("to_state"), 4) + bits(code("row_state"), 8)
                   + bits(F.when(is_ot, delta + 1), 12) + bits(match, 16) + bits(answer_ok.cast("int"), 18)
-                  + bits(max_age.cast("int"), 19) + bits(is_ot.cast("int"), 20) + bits(dispatch.cast("int"), 21))
+                  + bits(max_age.cast("int"), 19) + bits(is_ot.cast("int"), 20) + bits(dispatch.cast("int"), 21)
+                  + bits(made.cast("int"), 22))
         rows = ev.filter(F.col("kind").isin(OT, IPC)).select(
             "ni", "seq", "line", F.xxhash64("client_message_id").alias("c1"), F.hash("client_message_id").alias("c2"),
             hashed("outbox_id").alias("oid"), hashed("request_fingerprint").alias("fp"),
@@ -375,31 +377,38 @@ class SparkChecker:
         rows = rows.select("*", field(0, 4).alias("fr"), field(4, 4).alias("to"), field(8, 4).alias("st"),
                            (field(12, 4) - 1).alias("delta"), field(16, 2).alias("fm"),
                            (field(18, 1) == 1).alias("tok"), (field(19, 1) == 1).alias("mav"),
-                           (field(20, 1) == 1).alias("is_ot"), (field(21, 1) == 1).alias("dispatch"))
+                           (field(20, 1) == 1).alias("is_ot"), (field(21, 1) == 1).alias("dispatch"),
+                           (field(22, 1) == 1).alias("made"))
         key = ["ni", "c1", "c2", "chunk"]
         w = Window.partitionBy(*key).orderBy("seq", "line")
         transition = F.struct("seq", "line", "to", "oid", "att", "mag", "enq")
         first = F.struct("seq", "line", "fp")
+        creation = F.struct("seq", "line", "fp", "oid")
         windowed = rows.select(
             "*",
             F.last(F.when(F.col("is_ot"), transition), ignorenulls=True)
             .over(w.rowsBetween(Window.unboundedPreceding, -1)).alias("w_prev"),
+            F.last(F.when(F.col("made"), creation), ignorenulls=True)
+            .over(w.rowsBetween(Window.unboundedPreceding, -1)).alias("w_made"),
             F.first(F.when(F.col("is_ot"), first), ignorenulls=True)
             .over(w.rowsBetween(Window.unboundedPreceding, 0)).alias("w_first"))
         if heavy:
             summary = windowed.filter(F.col("chunk") > 0).groupBy(*key).agg(
                 F.max(F.when(F.col("is_ot"), transition)).alias("last_t"),
-                F.min(F.when(F.col("is_ot"), first)).alias("first_t"))
+                F.min(F.when(F.col("is_ot"), first)).alias("first_t"),
+                F.max(F.when(F.col("made"), creation)).alias("made_t"))
             ws = Window.partitionBy("ni", "c1", "c2").orderBy("chunk").rowsBetween(Window.unboundedPreceding, -1)
             carry = summary.select(*key, F.last("last_t", ignorenulls=True).over(ws).alias("c_prev"),
-                                   F.first("first_t", ignorenulls=True).over(ws).alias("c_first"))
+                                   F.first("first_t", ignorenulls=True).over(ws).alias("c_first"),
+                                   F.last("made_t", ignorenulls=True).over(ws).alias("c_made"))
             windowed = windowed.join(F.broadcast(carry), key, "left")
             prev = F.coalesce(F.col("w_prev"), F.col("c_prev"))
             first_t = F.coalesce(F.col("c_first"), F.col("w_first"))
+            made_t = F.coalesce(F.col("w_made"), F.col("c_made"))
         else:
-            prev, first_t = F.col("w_prev"), F.col("w_first")
-        windowed = windowed.select("*", prev.alias("p"), first_t.alias("f"))
-        p, f = F.col("p"), F.col("f")
+            prev, first_t, made_t = F.col("w_prev"), F.col("w_first"), F.col("w_made")
+        windowed = windowed.select("*", prev.alias("p"), first_t.alias("f"), made_t.alias("m"))
+        p, f, m = F.col("p"), F.col("f"), F.col("m")
         same_row = p.isNotNull() & (p["oid"] == F.col("oid"))
         # a row's first transition may start at `pending` when the trace shows the row created: a daemon stopped
         # between the commit that created the row and its event (E-32). Such a start (rare) is a candidate of its
@@ -410,16 +419,22 @@ class SparkChecker:
         expected_attempts = F.when(same_row, p["att"]).otherwise(F.lit(0)) + F.greatest(F.col("delta"), F.lit(0))
         pk = self._pk()
         event = {"pk": pk, "line": F.col("line")}
-        prev_ref = {"pk": self._pk(seq=p["seq"]), "line": p["line"]}
         first_ref = {"pk": self._pk(seq=f["seq"]), "line": f["line"]}
         same_ref = {"pk": F.when(same_row, self._pk(seq=p["seq"])), "line": F.when(same_row, p["line"])}
         ot = F.col("is_ot")
         attempts_ok = F.col("att").eqNullSafe(expected_attempts)
         outbox = ot & ((F.col("delta") < 0) | ~from_ok | ~attempts_ok)
-        expected_state = F.coalesce(p["to"], F.lit(NONE_CODE))
-        expected_match = F.when(p.isNull(), F.lit(0)).when(F.col("fp") == f["fp"], 1).otherwise(2)
+        # what a lookup finds: the row as its last transition left it; before any, the row a decision created
+        # (`pending`, its fingerprint and id: the transition's event lost, E-32), else none
+        known = p.isNotNull() | m.isNotNull()
+        known_ref = {"pk": F.when(p.isNotNull(), self._pk(seq=p["seq"])).otherwise(self._pk(seq=m["seq"])),
+                     "line": F.when(p.isNotNull(), p["line"]).otherwise(m["line"])}
+        known_fp = F.when(p.isNotNull(), f["fp"]).otherwise(m["fp"])
+        known_oid = F.when(p.isNotNull(), p["oid"]).otherwise(m["oid"])
+        expected_state = F.coalesce(p["to"], F.when(m.isNotNull(), F.lit(PENDING_CODE)), F.lit(NONE_CODE))
+        expected_match = F.when(~known, F.lit(0)).when(F.col("fp") == known_fp, 1).otherwise(2)
         ipc = ~ot & (~F.col("st").eqNullSafe(expected_state) | ~F.col("fm").eqNullSafe(expected_match)
-                     | ~F.col("tok") | (p.isNotNull() & F.col("oid").isNotNull() & (F.col("oid") != p["oid"])))
+                     | ~F.col("tok") | (known & F.col("oid").isNotNull() & (F.col("oid") != known_oid)))
         frozen = ot & ~F.col("fp").eqNullSafe(f["fp"])
         freed = ot & (F.col("fr") == NONE_CODE) & p.isNotNull()
         # TRC-MAX-AGE beyond the event itself: the row's previous transition had a lower deadline or another enqueue
@@ -445,14 +460,15 @@ class SparkChecker:
         wrong_state, wrong_match = ~F.col("st").eqNullSafe(expected_state), ~F.col("fm").eqNullSafe(expected_match)
         ipc_case = (F.when(wrong_state, "ipc-row-state").when(wrong_match, "ipc-fingerprint-match")
                     .when(~F.col("tok"), "ipc-answer").otherwise("ipc-outbox-id"))
-        ipc_fact = (F.when(wrong_state, F.lit(None)).when(wrong_match, match_text(expected_match))
+        ipc_fact = (F.when(wrong_state, F.element_at(states, expected_state)).when(wrong_match,
+                                                                                  match_text(expected_match))
                     .when(~F.col("tok"), F.try_element_at(answer_map, F.concat_ws("|", state_name,
                                                                                   match_text(F.col("fm"))))))
         return self._resolve_starts(ev, self._explode(
             windowed,
             (outbox, self._candidate("TRC-OUTBOX-LEGAL", gs, F.col("oid"), zero, event, same_ref, outbox_case,
                                      fact=expected_attempts)),
-            (ipc, self._candidate("TRC-IPC-CONSISTENT", gs, F.col("c1"), F.col("c2"), event, prev_ref, ipc_case,
+            (ipc, self._candidate("TRC-IPC-CONSISTENT", gs, F.col("c1"), F.col("c2"), event, known_ref, ipc_case,
                                   fact=ipc_fact)),
             (frozen, self._candidate("TRC-FP-FROZEN", gs, F.col("oid"), zero, event, first_ref, "fp-changed")),
             (freed, self._candidate("TRC-ID-NEVER-FREED", gs, F.col("c1"), F.col("c2"), event, first_ref,
@@ -461,16 +477,33 @@ class SparkChecker:
                                                    age_case))))
 
     @staticmethod
-    def _resolve_starts(ev, candidates):
-        """_rows' candidates with each first transition starting at `pending` resolved: legal (dropped, or
-        reported for its attempts) when the node's trace shows the row created anywhere -- named by a 202 IPC-NEW
-        decision, or a requeue successor named by another row's requeue --, else reported as `outbox-from`."""
+    def _among(columns: tuple[str, ...], values: frozenset[tuple[Any, ...]]):
+        """Whether the event's ``columns`` (none null) hold one of the tuples ``values``."""
         from pyspark.sql import functions as F
 
-        decided = ev.filter((F.col("kind") == IPC) & (F.col("table_row") == "IPC-NEW") & (F.col("http_status") == 202)
-                            & F.col("outbox_id").isNotNull()).select("ni", F.xxhash64("outbox_id").alias("oid"))
-        requeued = ev.filter((F.col("kind") == OT) & (F.col("event") == "requeue") & (F.col("from_state") != "none")
-                             & (F.col("to_state") == "aborted") & F.col("superseded_by").isNotNull()
+        parts = [F.col(columns[0]).cast("string")]
+        for column in columns[1:]:
+            parts += [F.lit("|"), F.col(column).cast("string")]
+        joined = F.concat(*parts)  # null when any column is
+        return F.coalesce(joined.isin(*["|".join(map(str, v)) for v in sorted(values)]), F.lit(False))
+
+    def _creating_decision(self):
+        """Whether an event is a decision whose table row creates an outbox row (``Tables.creating_decisions``)."""
+        from pyspark.sql import functions as F
+
+        return (F.col("kind") == IPC) & self._among(("table_row", "http_status"), self.tables.creating_decisions)
+
+    def _resolve_starts(self, ev, candidates):
+        """_rows' candidates with each first transition starting at `pending` resolved: legal (dropped, or
+        reported for its attempts) when the node's trace shows the row created anywhere -- named by a decision whose
+        table row creates it, or a successor named by a requeue whose table row inserts it (``Tables``) --, else
+        reported as `outbox-from`."""
+        from pyspark.sql import functions as F
+
+        decided = ev.filter(self._creating_decision() & F.col("outbox_id").isNotNull()).select(
+            "ni", F.xxhash64("outbox_id").alias("oid"))
+        creating = self._among(("from_state", "event", "to_state"), self.tables.creating_transitions)
+        requeued = ev.filter((F.col("kind") == OT) & creating & F.col("superseded_by").isNotNull()
                              & (F.col("superseded_by") != F.col("outbox_id"))).select(
             "ni", F.xxhash64("superseded_by").alias("oid"))
         created = decided.unionByName(requeued).select(
@@ -672,14 +705,14 @@ class SparkChecker:
 
     def _gaps(self, ev, stats: dict[str, Any]):
         """TRC-NEW-ROW-TRACED, TRC-INFLIGHT-RESOLVED, TRC-DUP-FINGERPRINT, TRC-DELIVERY-ATTEMPTS,
-        TRC-INBOX-SEQ-NAMES-ROW and TRC-INBOX-SEQ-MONOTONIC."""
+        TRC-INBOX-SEQ-NAMES-ROW, TRC-INBOX-SEQ-MONOTONIC and TRC-MESSAGE-EVENT-NEW-ROW."""
         from pyspark.sql import functions as F
 
         ends = local_frame(self.spark, sorted(stats["node_end"].items()), "node string, end long").join(
             self.node_ids, "node").select("ni", "end")
         inserted = (F.col("kind") == "inbox_insert") & F.coalesce(F.col("inserted"), F.lit(False))
         return (self._new_rows(ev, ends).unionByName(self._duplicates(ev)).unionByName(self._attempts(ev))
-                .unionByName(self._inbox_names(ev))
+                .unionByName(self._inbox_names(ev)).unionByName(self._message_events(ev))
                 .unionByName(self._ordered(ev.filter(inserted & F.col("inbox_seq").isNotNull()), "inbox_seq",
                                            "TRC-INBOX-SEQ-MONOTONIC")))
 
@@ -701,7 +734,7 @@ class SparkChecker:
 
         is_ot = F.col("kind") == OT
         found_none = (F.col("kind") == IPC) & (F.col("row_state") == "none")
-        is_new = (F.col("kind") == IPC) & (F.col("table_row") == "IPC-NEW") & (F.col("http_status") == 202)
+        is_new = self._creating_decision()
         fresh = ev.filter(is_ot | found_none | is_new).select(
             "ni", "seq", "line", "ts_ms", F.xxhash64("client_message_id").alias("c1"),
             F.hash("client_message_id").alias("c2"), self._hashed("outbox_id").alias("oid"),
@@ -805,6 +838,49 @@ class SparkChecker:
         blank, m1, m2 = F.lit(""), F.col("m1"), F.col("m2")
         return self._explode(subjects, (F.col("row").isNotNull() & F.col("bad").isNotNull(), self._candidate(
             "TRC-INBOX-SEQ-NAMES-ROW", blank, m1, m2, F.col("bad"), F.col("row"), "inbox-seq-misnamed")))
+
+    def _message_events(self, ev):
+        """TRC-MESSAGE-EVENT-NEW-ROW: per (node, chunk of ``line``) the message events, new rows and last
+        inbox_insert (a map-side aggregation) give each node's totals and what each chunk carries in from the chunks
+        before it (a window over the small summary); only on nodes with more message events than new rows, running
+        counts in line order (windows per (node, chunk)) find the message events that outnumber the rows before
+        them, each with the last inbox_insert before it."""
+        from pyspark.sql import Window
+        from pyspark.sql import functions as F
+
+        is_insert = F.col("kind") == "inbox_insert"
+        # an insert's line order (line, seq tie-break < 2^23) packed for max/max_by, -1 for a message event
+        order = F.when(is_insert, F.shiftleft(F.col("line"), 23) + F.col("seq").bitwiseAND((1 << 23) - 1))
+        events = ev.filter(is_insert | ((F.col("kind") == "sse_event") & (F.col("event") == "message"))).select(
+            "ni", "seq", "line", (~is_insert).cast("int").alias("message"),
+            (is_insert & F.coalesce(F.col("inserted"), F.lit(False))).cast("int").alias("new"),
+            F.coalesce(order, F.lit(-1)).alias("order"), F.floor(F.col("line") / self.chunk).alias("chunk"))
+        summary = events.groupBy("ni", "chunk").agg(
+            F.sum("message").alias("messages"), F.sum("new").alias("news"), F.max("order").alias("last_order"),
+            F.max_by("seq", "order").alias("last_seq"))
+        node = Window.partitionBy("ni")
+        before = node.orderBy("chunk").rowsBetween(Window.unboundedPreceding, -1)
+        last = F.when(F.col("last_order") >= 0, F.struct(F.shiftright(F.col("last_order"), 23).alias("line"),
+                                                         F.col("last_seq").alias("seq")))
+        carried = summary.select(
+            "ni", "chunk", (F.sum("messages").over(node) - F.sum("news").over(node)).alias("surplus"),
+            F.coalesce(F.sum("messages").over(before), F.lit(0)).alias("messages_before"),
+            F.coalesce(F.sum("news").over(before), F.lit(0)).alias("news_before"),
+            F.last(last, ignorenulls=True).over(before).alias("last_before")).filter(F.col("surplus") > 0)
+        w = Window.partitionBy("ni", "chunk").orderBy("line", "seq")
+        upto = w.rowsBetween(Window.unboundedPreceding, 0)
+        running = events.join(F.broadcast(carried), ["ni", "chunk"]).select(
+            "ni", "seq", "line", "message",
+            (F.col("messages_before") + F.sum("message").over(upto)).alias("messages"),
+            (F.col("news_before") + F.sum("new").over(upto)).alias("news"),
+            F.coalesce(F.last(F.when(F.col("message") == 0, F.struct("line", "seq")), ignorenulls=True)
+                       .over(w.rowsBetween(Window.unboundedPreceding, -1)), F.col("last_before")).alias("prev"))
+        zero = F.lit(0)
+        here = {"pk": self._pk(), "line": F.col("line")}
+        prev = {"pk": self._pk(seq=F.col("prev.seq")), "line": F.col("prev.line")}
+        return self._explode(running, ((F.col("message") == 1) & (F.col("messages") > F.col("news")), self._candidate(
+            "TRC-MESSAGE-EVENT-NEW-ROW", F.col("ni"), zero, zero, here, prev, "message-event-without-row",
+            by_line=True, fact=F.col("news"))))
 
     # --- evidence -----------------------------------------------------------------------------------------------
     def _evidence(self, ev, rows: list[dict[str, Any]]) -> list[Violation]:

@@ -18,7 +18,10 @@ means an integer literal within int64 -- what every engine's parser keeps exact 
 ``number``. Integer members (the paths any kind types ``integer``) must hold an ``integer``: ``5.0``, ``5e0`` and
 ``2**63`` are ``integer_literal``, decided before the schema, so the schema's ``integer`` (which includes ``5.0``) and
 the tree's agree on every line that reaches them. A Parquet row is the JSON event ``format.row_to_event`` makes of it
-plus every non-null column its kind does not have (an extra member), and its ``line`` must be a position (``layout``).
+plus every non-null column its kind does not have (an extra member), and its ``line`` must be a position (``layout``):
+not null, not negative, and held by no other row of its node (every row of a shared (node, line) is ``layout``, so
+the verdict does not depend on the order the rows are read in; a row with a null node holds no position, its schema
+error is its reason). JSONL lines are numbered by the reader, one position per valid line, so they never share one.
 """
 
 from __future__ import annotations
@@ -61,8 +64,23 @@ REASONS: dict[str, str] = {
     "duplicate_member": "a member name twice in the event or in one of its object members",
     "integer_literal": "an integer member written with a fraction or an exponent, or outside int64",
     "schema": "not valid against spec/schemas/trace/event.json",
-    "layout": "a Parquet row whose line is null or negative",
+    "layout": "a Parquet row whose line is null or negative, or held by another row of its node too",
 }
+
+
+#: What a ``layout`` row's line is: ``line: <n> <text>``, for a null or negative line and for a shared one.
+NOT_A_POSITION = "is not a position in the node's stream"
+SHARED_POSITION = "is held by more than one row of the node (a position in its stream holds one event)"
+
+
+def layout_message(line: int | None) -> str:
+    """The message of a ``layout`` row: its ``line`` is null or negative, or (any other line) another row of its
+    node holds it too."""
+    if line is None or line < 0:
+        return f"line: {'null' if line is None else line} {NOT_A_POSITION}"
+    return f"line: {line} {SHARED_POSITION}"
+
+
 #: Reasons an unterminated last line gets ``torn_tail`` instead of.
 TORN = ("not_utf8", "lone_surrogate", "not_json")
 TORN_TAIL = "torn_tail"
@@ -368,6 +386,10 @@ class Access:
         """The first member name of the object at ``path`` not in ``allowed``, or null."""
         raise NotImplementedError
 
+    def only_members(self, dialect: Dialect, path: Path, allowed: tuple[str, ...]) -> Any:
+        """Whether the object at ``path`` has no member outside ``allowed``."""
+        return dialect.is_null(self.unknown_member(path, allowed))
+
     def assume(self, path: Path, value: Any) -> Access:
         """This accessor where the member at ``path`` is known to equal ``value`` (a discriminator's branch)."""
         return self
@@ -393,6 +415,10 @@ class Dialect:
 
     def coalesce(self, items: list[Any]) -> Any:
         raise NotImplementedError
+
+    def switch(self, branches: list[tuple[Any, Any]]) -> Any:
+        """The result of the first branch whose condition holds, else false."""
+        return self.when(branches, self.lit(False))
 
     def eq(self, a: Any, b: Any) -> Any:
         raise NotImplementedError
@@ -435,28 +461,57 @@ class Dialect:
 
 class SqlDialect(Dialect):
     """SQL text, the part Spark SQL and DuckDB share: a tree renders to one string, parsed by the engine once
-    (building it as Spark ``Column`` objects took one py4j round trip per node, 160k for the event schema)."""
+    (building it as Spark ``Column`` objects took one py4j round trip per node, 160k for the event schema).
+
+    The builders simplify as they go, on what they know of the texts they made (a text is context-free, so a fact
+    about it holds wherever it appears): constants fold; ``NOT NOT x`` is ``x``; an AND's operands are flattened,
+    and within them a ``CASE WHEN g THEN x ELSE true END`` whose guard ``g`` another operand asserts is ``x``, and a
+    ``c IS NOT NULL`` another operand proves (a comparison read with null as false proves its columns) is dropped;
+    an OR of equalities of one value with literals is an ``IN``. The schema's tree for a Parquet row shrank from
+    73 KB to a fraction of it, and with it Spark's analysis, code generation and compilation of it.
+    """
 
     #: the cast type names
     INT = "INTEGER"
     BIGINT = "BIGINT"
     STRING = "VARCHAR"
 
+    def __init__(self) -> None:
+        self._strict: dict[str, frozenset[str]] = {}  # a value -> the columns whose null makes it null
+        self._proves: dict[str, frozenset[str]] = {}  # a boolean -> the columns it being true proves non-null
+        self._not_null: dict[str, str] = {}  # ``(NOT (c IS NULL))`` -> c
+        self._is_null: dict[str, str] = {}  # ``(c IS NULL)`` -> c
+        self._negated: dict[str, str] = {}  # ``(NOT x)`` -> x
+        self._equality: dict[str, tuple[str, str]] = {}  # ``coalesce((x = l), false)`` -> (x, l) for a literal l
+        self._eq: dict[str, tuple[str, str]] = {}  # ``(x = l)`` -> (x, l)
+        self._guarded: dict[str, tuple[str, str]] = {}  # ``CASE WHEN g THEN x ELSE true END`` -> (g, x)
+        self._parts: dict[str, list[str]] = {}  # an AND -> its operands
+        self._disjuncts: dict[str, list[str]] = {}  # an OR -> its operands
+        self._literals: set[str] = set()
+
+    def _derived(self, result: str, *operands: str) -> str:
+        """``result`` is null when any of ``operands`` is."""
+        strict = frozenset().union(*(self._strict.get(o, frozenset()) for o in operands))
+        if strict:
+            self._strict[result] = strict
+        return result
+
     def lit(self, value: Any) -> str:
         if value is None:
-            return f"CAST(NULL AS {self.STRING})"
-        if isinstance(value, bool):
-            return "true" if value else "false"
-        if isinstance(value, int):
-            return str(value)
-        return self.text(str(value))
+            text = f"CAST(NULL AS {self.STRING})"
+        elif isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, int):
+            text = str(value)
+        else:
+            text = self.text(str(value))
+        self._literals.add(text)
+        return text
 
     def text(self, value: str) -> str:
         """A string literal."""
         return "'" + value.replace("'", "''") + "'"
 
-    # Constants fold (``true``/``false`` operands, a branch that can never or must always be taken): a tree
-    # rendered for a Parquet row whose kind a branch already knows is mostly constants (``ParquetAccess.assume``).
     @staticmethod
     def folded(items: list[str], unit: str, zero: str) -> list[str] | str:
         """The operands of an AND (``unit`` true, ``zero`` false) or an OR without the units, or the result."""
@@ -465,16 +520,91 @@ class SqlDialect(Dialect):
         kept = [item for item in items if item != unit]
         return kept if len(kept) > 1 else kept[0] if kept else unit
 
+    def _conjuncts(self, items: list[str]) -> list[str]:
+        """An AND's operands simplified (the class docstring), in their order."""
+        flat: list[str] = []
+        for item in items:
+            for part in self._parts.get(item, [item]):
+                if part not in flat:
+                    flat.append(part)
+
+        def proven(operands: list[str], column: str, k: int) -> bool:
+            """Whether an operand other than the ``k``-th (and than a bare non-null test) proves ``column``."""
+            return any(column in self._proves.get(o, ()) for j, o in enumerate(operands)
+                       if j != k and o not in self._not_null)
+
+        def holds(condition: str, k: int) -> bool:
+            """Whether the other operands assert ``condition``."""
+            return any(condition == o for j, o in enumerate(flat) if j != k) or (
+                condition in self._not_null and proven(flat, self._not_null[condition], k))
+
+        flat = [self._guarded[item][1] if item in self._guarded and holds(self._guarded[item][0], k) else item
+                for k, item in enumerate(flat)]
+        result: list[str] = []
+        for k, item in enumerate(flat):
+            if item in self._not_null and proven(flat, self._not_null[item], k):
+                continue
+            if item in self._disjuncts and any(holds(d, k) for d in self._disjuncts[item]):
+                continue
+            if item not in result:
+                result.append(item)
+        return result
+
     def and_(self, items: list[str]) -> str:
-        kept = self.folded(items, "true", "false")
-        return kept if isinstance(kept, str) else "(" + " AND ".join(kept) + ")"
+        kept = self.folded(self._conjuncts(items), "true", "false")
+        if isinstance(kept, str):
+            return kept
+        text = self._and_text(kept)
+        self._parts[text] = kept
+        self._proves[text] = frozenset().union(*(self._proves.get(k, frozenset()) for k in kept))
+        return text
+
+    def _and_text(self, items: list[str]) -> str:
+        return "(" + " AND ".join(items) + ")"
 
     def or_(self, items: list[str]) -> str:
-        kept = self.folded(items, "false", "true")
-        return kept if isinstance(kept, str) else "(" + " OR ".join(kept) + ")"
+        merged: list[str] = []
+        values: dict[str, list[str]] = {}
+        for item in items:
+            if item in self._equality:
+                value, literal = self._equality[item]
+                if value not in values:
+                    values[value] = []
+                    merged.append(value)  # the IN's place: where the first equality was
+                values[value].append(literal)
+            else:
+                merged.append(item)
+        operands = []
+        for item in merged:
+            if item in values and len(values[item]) == 1:
+                item = self.true(self._eq_text(item, values[item][0]))
+            elif item in values:
+                value, item = item, f"coalesce({item} IN ({', '.join(values[item])}), false)"
+                self._proves[item] = self._strict.get(value, frozenset())
+            operands.append(item)
+        if any(self._negated.get(item) in operands for item in operands):  # x OR NOT x
+            return "true"
+        kept = self.folded(operands, "false", "true")
+        if isinstance(kept, str):
+            return kept
+        text = self._or_text(kept)
+        self._disjuncts[text] = kept
+        return text
+
+    def _or_text(self, items: list[str]) -> str:
+        return "(" + " OR ".join(items) + ")"
 
     def not_(self, item: str) -> str:
-        return {"true": "false", "false": "true"}.get(item, f"(NOT {item})")
+        if item in ("true", "false"):
+            return {"true": "false", "false": "true"}[item]
+        if item in self._negated:
+            return self._negated[item]
+        text = f"(NOT {item})"
+        self._negated[text] = item
+        if item in self._is_null:
+            self._not_null[text] = self._is_null[item]
+            self._proves[text] = frozenset([self._is_null[item]])
+        return text
 
     def when(self, branches: list[tuple[str, str]], otherwise: str) -> str:
         kept = []
@@ -486,42 +616,77 @@ class SqlDialect(Dialect):
                 kept.append((condition, result))
         if not kept:
             return otherwise
-        return "(CASE " + " ".join(f"WHEN {c} THEN {r}" for c, r in kept) + f" ELSE {otherwise} END)"
+        text = "(CASE " + " ".join(f"WHEN {c} THEN {r}" for c, r in kept) + f" ELSE {otherwise} END)"
+        if len(kept) == 1 and otherwise == "true":
+            self._guarded[text] = kept[0]
+        return text
 
     def coalesce(self, items: list[str]) -> str:
         if items[0] in ("true", "false"):
             return items[0]
-        return items[0] if len(items) == 1 else "coalesce(" + ", ".join(items) + ")"
+        if len(items) == 1:
+            return items[0]
+        text = "coalesce(" + ", ".join(items) + ")"
+        if items[1:] == ["false"]:  # a boolean read with null as false: true proves what its null depends on
+            self._proves[text] = self._strict.get(items[0], frozenset())
+            if items[0] in self._eq:
+                self._equality[text] = self._eq[items[0]]
+        return text
+
+    def switch(self, branches: list[tuple[str, str]]) -> str:
+        """``when(branches, false)`` with the conjuncts every branch's result shares taken out in front of it (each
+        kind of event repeats the common members' checks)."""
+        parts = [self._parts.get(result, [result]) for _, result in branches]
+        common = [p for p in parts[0] if all(p in other for other in parts[1:])] if parts else []
+        if not common:
+            return self.when(branches, "false")
+        rest = [(condition, self.and_([p for p in own if p not in common]))
+                for (condition, _), own in zip(branches, parts, strict=True)]
+        return self.and_([*common, self.when(rest, "false")])
+
+    def _eq_text(self, a: str, b: str) -> str:
+        text = self._derived(f"({a} = {b})", a, b)
+        if b in self._literals:
+            self._eq[text] = (a, b)
+        return text
 
     def eq(self, a: str, b: str) -> str:
-        return f"({a} = {b})"
+        return self._eq_text(a, b)
 
     def cmp(self, a: str, op: str, b: str) -> str:
-        return f"({a} {op} {b})"
+        return self._derived(f"({a} {op} {b})", a, b)
 
     def length(self, a: str) -> str:
-        return f"length({a})"
+        return self._derived(f"length({a})", a)
 
     def concat(self, items: list[str]) -> str:
         return "concat(" + ", ".join(items) + ")"
 
     def is_null(self, a: str) -> str:
-        return f"({a} IS NULL)"
+        text = f"({a} IS NULL)"
+        if self._strict.get(a) == frozenset([a]):  # a column
+            self._is_null[text] = a
+        return text
 
     def count_true(self, items: list[str]) -> str:
         return "(" + " + ".join(f"CAST({i} AS {self.INT})" for i in items) + ")"
 
     def col(self, name: str) -> str:
+        text = self.quote(name)
+        self._strict[text] = frozenset([text])
+        return text
+
+    def quote(self, name: str) -> str:
         return name
 
     def in_(self, a: str, values: list[Any]) -> str:
         return f"coalesce({a} IN ({', '.join(self.lit(x) for x in values)}), false)"
 
     def hex_lower(self, a: str) -> str:
-        return f"lower(hex({a}))"
+        return self._derived(f"lower(hex({a}))", a)
 
     def cast_long(self, a: str) -> str:
-        return f"CAST({a} AS {self.BIGINT})"
+        return self._derived(f"CAST({a} AS {self.BIGINT})", a)
 
 
 def _value_test(d: Dialect, a: Access, path: Path, value: Any) -> Any:
@@ -534,6 +699,11 @@ def _value_test(d: Dialect, a: Access, path: Path, value: Any) -> Any:
     return d.and_([a.type_is(path, ("string",)), d.true(d.eq(a.string(path), d.lit(value)))])
 
 
+def _same(a: Any, b: Any) -> bool:
+    """JSON equality of two const/enum values (``True`` is not ``1``)."""
+    return type(a) is type(b) and a == b
+
+
 def _show(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
@@ -541,14 +711,15 @@ def _show(value: Any) -> str:
 class Renderer:
     """Renders a tree as one dialect's ``valid`` (boolean) and ``explain`` (the first broken rule's message)."""
 
-    def __init__(self, dialect: Dialect, access: Access):
+    def __init__(self, dialect: Dialect, access: Access, known: dict[Path, Any] | None = None):
         self.d = dialect
         self.a = access
+        self.known = known or {}  # the members a discriminator's branch knows the value of
 
     def knowing(self, path: Path, value: Any) -> Renderer:
-        """The renderer for a discriminator's branch: ``path`` holds ``value`` there."""
-        narrowed = self.a.assume(path, value)
-        return self if narrowed is self.a else Renderer(self.d, narrowed)
+        """The renderer for a discriminator's branch: ``path`` holds ``value`` there (its presence, type, const and
+        enum checks there are constants)."""
+        return Renderer(self.d, self.a.assume(path, value), {**self.known, path: value})
 
     def valid(self, node: Any) -> Any:
         d, a = self.d, self.a
@@ -559,8 +730,8 @@ class Renderer:
         if isinstance(node, AnyOf):
             if node.by is not None:
                 path, values = node.by
-                return d.when([(_value_test(d, a, path, v), self.knowing(path, v).valid(item))
-                               for v, item in zip(values, node.items, strict=True)], d.lit(False))
+                return d.switch([(_value_test(d, a, path, v), self.knowing(path, v).valid(item))
+                                 for v, item in zip(values, node.items, strict=True)])
             if node.one:
                 return d.eq(d.count_true([self.valid(item) for item in node.items]), d.lit(1))
             return d.or_([self.valid(item) for item in node.items])
@@ -572,6 +743,11 @@ class Renderer:
 
     def _leaf(self, node: Check) -> Any:
         d, a, path, arg = self.d, self.a, node.path, node.arg
+        if path in self.known and node.op in ("present", "type", "const", "enum"):
+            value = self.known[path]
+            return d.lit(node.op == "present" or (json_type(value) in arg if node.op == "type" else
+                                                   _same(value, arg) if node.op == "const" else
+                                                   any(_same(value, x) for x in arg)))
         if node.op == "present":
             return a.present(path)
         if node.op == "type":
@@ -591,7 +767,7 @@ class Renderer:
         if node.op == "maximum":
             return d.true(d.cmp(a.integer(path), "<=", d.lit(arg)))
         if node.op == "only_keys":
-            return d.is_null(a.unknown_member(path, arg))
+            return a.only_members(d, path, arg)
         raise TypeError(node.op)
 
     def explain(self, node: Any) -> Any:
@@ -750,14 +926,21 @@ class ParquetAccess(Access):
     def boolean(self, path: Path) -> Any:
         return self.d.col(self.columns[path])
 
-    def unknown_member(self, path: Path, allowed: tuple[str, ...]) -> Any:
+    def _unknown_names(self, path: Path, allowed: tuple[str, ...]) -> list[str]:
         names: list[str] = []
         for p in self._below(path):
             if p[len(path)] not in names and p[len(path)] not in allowed:
                 names.append(p[len(path)])
+        return names
+
+    def unknown_member(self, path: Path, allowed: tuple[str, ...]) -> Any:
+        names = self._unknown_names(path, allowed)
         if not names:
             return self.d.lit(None)
         return self.d.when([(self.present((*path, n)), self.d.lit(n)) for n in names], self.d.lit(None))
+
+    def only_members(self, dialect: Dialect, path: Path, allowed: tuple[str, ...]) -> Any:
+        return dialect.and_([dialect.not_(self.present((*path, n))) for n in self._unknown_names(path, allowed)])
 
 
 class PythonDialect(Dialect):

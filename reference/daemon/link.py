@@ -655,15 +655,19 @@ class BrokerLink:
                 self.publish(name, payload)
             return
         self._count("recv_total")
-        inserted = self.inbox.receive(frame, self.mesh, self._now_ms())
+
+        def traced(inserted: dict[str, Any] | None) -> None:
+            # E-32: a new row's inbox_insert is written before its message sse_event (receive announces it after)
+            if self.trace is not None:
+                self.trace.emit("inbox_insert", mesh=self.mesh, recipient=self.keypair.public_hex,
+                                client_message_id=frame["client_message_id"], broker_message_id=frame["messageId"],
+                                delivery_id=frame.get("delivery_id"), inserted=inserted is not None,
+                                inbox_seq=None if inserted is None else inserted["seq"])
+
+        inserted = self.inbox.receive(frame, self.mesh, self._now_ms(), traced=traced)
         # req: INB-DEDUPE
         if inserted is None:
             self._count("dedupe_total", direction="inbound")
-        if self.trace is not None:
-            self.trace.emit("inbox_insert", mesh=self.mesh, recipient=self.keypair.public_hex,
-                            client_message_id=frame["client_message_id"], broker_message_id=frame["messageId"],
-                            delivery_id=frame.get("delivery_id"), inserted=inserted is not None,
-                            inbox_seq=None if inserted is None else inserted["seq"])
         # req: INB-DURABLE-BEFORE-ACK, INB-CLIENT-ACK -- after the inbox commit, for a duplicate too
         self._send(ws, {"type": "client_ack", "clientMessageId": frame["client_message_id"],
                         "brokerMessageId": frame["messageId"], "delivery_id": frame.get("delivery_id", "")})

@@ -348,7 +348,11 @@ class InboxReceiver:
         self.inbox = inbox
         self.bus = bus
 
-    def receive(self, frame: dict[str, Any], mesh: str, now_ms: int) -> dict[str, Any] | None:
+    def receive(self, frame: dict[str, Any], mesh: str, now_ms: int,
+                traced: Callable[[dict[str, Any] | None], None] | None = None) -> dict[str, Any] | None:
+        """Store the pushed message (``None`` for a duplicate) and announce its event; ``traced`` is called with the
+        result after the commit and before the event is announced, so the row's ``inbox_insert`` precedes its
+        ``message`` ``sse_event`` in the trace (E-32)."""
         message = InboxMessage(
             id=str(ULID()), client_message_id=frame["client_message_id"], mesh=mesh,
             sender_pubkey=frame["senderPubkey"], sender_name=frame.get("senderName") or "", received_at=now_ms,
@@ -357,12 +361,14 @@ class InboxReceiver:
             delivery_id=frame.get("delivery_id"),
         )
         stored = self.inbox.insert_with_event(message, message_payload)
+        inserted = None if stored is None else {"seq": stored[0].seq, "id": stored[0].id}
+        if traced is not None:
+            traced(inserted)
         # req: INB-DEDUPE-EVENT -- a duplicate publishes no event
         if stored is None:
             return None
-        row, event_id = stored
-        self.bus.notify(event_id, "message")
-        return {"seq": row.seq, "id": row.id}
+        self.bus.notify(stored[1], "message")
+        return inserted
 
     def quarantine(self, **record: Any) -> tuple[int, bool]:
         """Keep an inbound frame the daemon could not take (E-41); see ``InboxStore.quarantine``."""

@@ -1,6 +1,6 @@
 """Hand-made violations: one subject for each ``catalogue.DETAILS`` case of the thirteen invariants the catalogue
-started with that a schema-valid event can reach, written as JSONL (one file per node), with the detail every engine
-must print for it."""
+started with (and of TRC-MESSAGE-EVENT-NEW-ROW) that a schema-valid event can reach, written as JSONL (one file per
+node), with the detail every engine must print for it."""
 
 from __future__ import annotations
 
@@ -57,8 +57,8 @@ class Node:
         self.decision(cmid, fp, "none", None, "IPC-NEW", 202, None)
         self.transition(oid, cmid, fp, "none", "accept", "pending", "OB-NONE-ACCEPT", 0)
 
-    def sse(self, event_id: int, seq: int | None = None) -> dict[str, Any]:
-        return self.emit("sse_event", seq=seq, event_id=event_id, event="message")
+    def sse(self, event_id: int, seq: int | None = None, event: str = "peer_join") -> dict[str, Any]:
+        return self.emit("sse_event", seq=seq, event_id=event_id, event=event)
 
     def inbox(self, cmid: str, bmid: str, inbox_seq: int) -> dict[str, Any]:
         return self.emit("inbox_insert", mesh=MESH, recipient=RECIPIENT, client_message_id=cmid,
@@ -182,6 +182,13 @@ def hand_made(root: Path) -> tuple[Path, dict[tuple[str, Key], str]]:
     d.inbox("c-inbox", "M-inbox", 2)
     want["TRC-ONE-INBOX-ROW", (("recipient", RECIPIENT), ("client_message_id", "c-inbox"))] = (
         "2 inbox rows inserted for client_message_id c-inbox: inbox_seq 1 first, 2 last")
+    # TRC-MESSAGE-EVENT-NEW-ROW: the two rows' message events, and one more
+    d.sse(1, event="message")
+    d.sse(2, event="message")
+    extra = d.sse(3, event="message")
+    want["TRC-MESSAGE-EVENT-NEW-ROW", (("node", "daemon-a"),)] = (
+        f"message event_id 3 (seq {extra['seq']}, line {extra['seq']}) outnumbers the new inbox rows: it follows 2 "
+        "inbox_insert with inserted = true and as many message events")
     # TRC-SEQ-MONOTONIC: seqs 0, 1, 5, 3, 6 in file order
     for seq, event_id in ((0, 1), (1, 2), (5, 3), (3, 4), (6, 5)):
         s.sse(event_id, seq=seq)

@@ -74,9 +74,9 @@ def test_evidence_is_in_file_order_with_each_events_place(hand):
 def test_the_printer_shows_where_each_evidence_event_sits(hand):
     jsonl, parquet, _ = hand
     events = ['{"v":1,"source":"daemon","node":"daemon-s","seq":5,"ts_ms":1767225600005,"kind":"sse_event",'
-              '"event_id":3,"event":"message"}',
+              '"event_id":3,"event":"peer_join"}',
               '{"v":1,"source":"daemon","node":"daemon-s","seq":3,"ts_ms":1767225600003,"kind":"sse_event",'
-              '"event_id":4,"event":"message"}']
+              '"event_id":4,"event":"peer_join"}']
     file = jsonl / "daemon-s.jsonl"
     for trace, where in ((parquet, ("", "")), (jsonl, (f" {file}:3", f" {file}:4"))):
         document = oracle.check(trace).as_dict()

@@ -121,6 +121,9 @@ class Daemon(Node):
                           broker_message_id=broker_message_id, delivery_id=f"{broker_message_id}.0", inserted=inserted,
                           inbox_seq=inbox_seq)
 
+    def sse(self, event_id: int, event: str = "message") -> dict[str, Any]:
+        return self._emit("sse_event", event_id=event_id, event=event)
+
 
 class Broker(Node):
     """A broker's accept decisions, commits, deliveries and acks."""
