@@ -12,7 +12,7 @@ Mapping (documented in spark_checks/README.md):
   injects a seq fault.
 * Datasets are Hive-partitioned by ``bucket`` (``<root>/bucket=NN/*.parquet``): ``bucket_of(mesh, client_message_id,
   node)``. Every per-subject invariant's subject lives in one bucket, so a single process can check a large dataset one
-  bucket at a time.
+  bucket at a time (``split_subjects`` tells when a dataset from elsewhere is not laid out so).
 
 A generated trace directory holds ``events/`` (the dataset) and ``manifest.json``.
 """
@@ -349,6 +349,35 @@ def event_view(row: dict[str, Any]) -> dict[str, Any]:
         if name not in event:
             event[name] = bytes(value).hex() if column == "request_fingerprint" else value
     return event
+
+
+#: The subjects a bucket must hold whole for the oracle to replay it alone: each tuple of columns, when none is null,
+#: names one subject (a row's outbox and IPC events, a message at the broker, a delivery and its acks, an inbox row).
+SUBJECT_KEYS = (("mesh", "client_message_id"), ("node", "client_message_id"), ("mesh", "delivery_id"),
+                ("recipient", "client_message_id"))
+
+
+def split_subjects(groups: dict[str, list[str]]) -> bool:
+    """Whether a subject (``SUBJECT_KEYS``) has rows in more than one of the groups of Parquet files ``groups`` (a
+    dataset's bucket directories): ``meshtrace convert`` never writes one, a Parquet trace from elsewhere may be laid
+    out by node, by day or by anything else. Reads the key columns only."""
+    import pyarrow.compute as pc
+
+    if len(groups) <= 1:
+        return False
+    columns = sorted({c for key in SUBJECT_KEYS for c in key})
+    parts = []
+    for k, name in enumerate(sorted(groups)):
+        for f in groups[name]:
+            table = pq.read_table(f, columns=columns, schema=FLAT_SCHEMA).select(columns)
+            parts.append(table.append_column("group", pa.array([k] * table.num_rows, pa.int32())))
+    table = pa.concat_tables(parts)
+    for key in SUBJECT_KEYS:
+        named = table.filter(pc.and_kleene(pc.is_valid(table[key[0]]), pc.is_valid(table[key[1]])))
+        counted = named.select([*key, "group"]).group_by(list(key)).aggregate([("group", "count_distinct")])
+        if counted.num_rows and pc.max(counted["group_count_distinct"]).as_py() > 1:
+            return True
+    return False
 
 
 #: The most (node, line) pairs ``shared_positions`` holds in one pass over a trace.

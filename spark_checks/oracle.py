@@ -212,6 +212,8 @@ def _buckets(trace: Trace, invalid: _Invalid) -> Iterator[pa.Table]:
     by_directory: dict[str, list[str]] = defaultdict(list)
     for path in trace.parquet_files:
         by_directory[os.path.dirname(path)].append(path)
+    if fmt.split_subjects(by_directory):  # not laid out by bucket: the whole trace is one bucket, as a JSONL trace is
+        by_directory = {"": list(trace.parquet_files)}
     # a node's rows span buckets, files and datasets: the positions two rows hold are found over the whole trace first
     shared = fmt.shared_positions(trace.parquet_files)
     for directory in sorted(by_directory):
