@@ -171,17 +171,29 @@ class JsonlRead:
         return sum(self.reasons.values())
 
 
+def _plain(value: Any) -> Any:
+    """``value`` with every ``validity.FloatLiteral`` (a number written with a fraction or exponent, wherever it sits:
+    a string member, the kind, inside effects) as a plain float, which the schema validator takes."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return float(value) if isinstance(value, float) and type(value) is not float else value
+
+
 def schema_problem(event: dict[str, Any]) -> str | None:
     """The jsonschema library's message for an event that is not valid against trace/event.json, or None."""
     from jsonschema.exceptions import best_match
 
     from spec import fast_validator
 
+    event = _plain(event)
     error = best_match(fast_validator("trace/event").iter_errors(event))
     if error is None:
         return None
-    if event.get("kind") in SOURCE_OF:  # name the member of the event's own kind, not the oneOf as a whole
-        error = best_match(fast_validator(f"trace/{event['kind']}").iter_errors(event)) or error
+    kind = event.get("kind")
+    if isinstance(kind, str) and kind in SOURCE_OF:  # name the member of the event's own kind, not the oneOf
+        error = best_match(fast_validator(f"trace/{kind}").iter_errors(event)) or error
     where = ".".join(str(p) for p in error.absolute_path) or "event"
     return f"{where}: {error.message}"
 

@@ -101,8 +101,9 @@ class LocalFS:
 
     @staticmethod
     def identity(location: str) -> str:
-        """What two spellings of one file share (links and ``..`` resolved)."""
-        return os.path.realpath(location)
+        """What two names of one file share: its device and inode (symbolic and hard links, ``..``, any spelling)."""
+        found = os.stat(location)
+        return f"{found.st_dev}:{found.st_ino}"
 
 
 class HadoopFS:
@@ -141,7 +142,10 @@ class HadoopFS:
 
     @staticmethod
     def identity(location: str) -> str:
-        """What two spellings of one file share: its qualified URI."""
+        """What two spellings of one file share: for a local file its device and inode, as ``LocalFS`` reads it
+        (so every engine reads a hard-linked file once), else its qualified URI."""
+        if urlsplit(location).scheme.lower() == "file":
+            return LocalFS.identity(unquote(urlsplit(location).path))
         return location
 
 
@@ -178,6 +182,13 @@ def locate(arguments: Iterable[str], fs: LocalFS | HadoopFS) -> Trace:
             continue
         events = join(argument, "events")
         root = events if fs.is_dir(events) else argument
+        if root == events:  # a trace directory: its events are in events/, and no trace file may sit beside it
+            beside = sorted(rel for _, rel in fs.files(argument) if not _hidden(rel) and not rel.startswith("events/")
+                            and rel.endswith((".jsonl", ".parquet")))
+            if beside:
+                raise InputError(f"{argument}: {beside[0]}{f' and {len(beside) - 1} more' if len(beside) > 1 else ''}"
+                                 f": a trace file outside events/ (a trace directory's events are all in events/; "
+                                 f"name events/ itself, or the files, to check them)")
         files = [(loc, rel) for loc, rel in fs.files(root) if not _hidden(rel)]
         stray = sorted(rel for _, rel in files if not rel.endswith((".jsonl", ".parquet")))
         if stray:  # a trace directory holds trace files only: a misnamed file would be a node left out unseen

@@ -5,7 +5,9 @@ rules; the schema compiler agrees with jsonschema and refuses what it does not t
 from __future__ import annotations
 
 import json
+import os
 import random
+import shutil
 from pathlib import Path
 
 import pyarrow as pa
@@ -256,6 +258,15 @@ def test_file_uris_and_trace_directories(tmp_path: Path, engine: str):
     jsonl = CORPUS / "crlf.jsonl"
     code, document = run(["check", str(jsonl), f"file://{jsonl}", "--engine", engine], tmp_path / "report.json")
     assert (code, document["events"]) == (0, 29)
+    (tmp_path / "linked").mkdir()  # a hard link is the same file under another path
+    for f in (tmp_path / "t" / "events").rglob("*.parquet"):
+        os.link(f, tmp_path / "linked" / f"{f.parent.name}-{f.name}")
+    code, document = run(["check", str(tmp_path / "t"), str(tmp_path / "linked"), "--engine", engine],
+                         tmp_path / "report.json")
+    assert (code, document["events"]) == (0, 29)
+    # trace files beside a trace directory's events/ would go unread: a usage error
+    shutil.copytree(tmp_path / "t" / "events", tmp_path / "t" / "stray")
+    assert meshtrace(["check", str(tmp_path / "t"), "--engine", engine]) == 2
 
 
 # --- Spark -------------------------------------------------------------------------------------------------------
@@ -298,4 +309,9 @@ def test_spark_exit_codes_parquet_and_uris(spark, parquet_cases, tmp_path: Path,
     code, document = spark_check(f"file://{trace}")
     assert (code, document["events"]) == (0, 29)
     code, document = spark_check(f"file://{trace}", str(trace / "events"))  # read once
+    assert (code, document["events"]) == (0, 29)
+    (tmp_path / "linked").mkdir()  # a hard link too, as the other engines read it
+    for f in (trace / "events").rglob("*.parquet"):
+        os.link(f, tmp_path / "linked" / f"{f.parent.name}-{f.name}")
+    code, document = spark_check(str(trace), str(tmp_path / "linked"))
     assert (code, document["events"]) == (0, 29)
