@@ -246,6 +246,16 @@ def locate(paths: str | Path | list[str] | list[Path]) -> Trace:
     return trace
 
 
+def _append(store: dict[str, tuple[array, ...]], node: str, types: str, *values: int) -> None:
+    """Append ``values`` to ``node``'s compact columns in ``store`` (one ``array`` per value, of the type codes
+    ``types``), made on first use."""
+    columns = store.get(node)
+    if columns is None:
+        columns = store[node] = tuple(array(t) for t in types)
+    for column, value in zip(columns, values, strict=True):
+        column.append(value)
+
+
 # --- the checker ------------------------------------------------------------------------------------------------
 
 class Oracle:
@@ -324,12 +334,7 @@ class Oracle:
             if source == "broker" and mesh is not None:
                 st.broker_meshes.add(mesh)
             if kind == "sse_event":
-                ids = st.sse.get(node)
-                if ids is None:
-                    ids = st.sse[node] = (array("q"), array("q"), array("q"))
-                ids[0].append(line)
-                ids[1].append(event_id)
-                ids[2].append(seq)
+                _append(st.sse, node, "qqq", line, event_id, seq)
 
     def _rows(self, ot: list[tuple[Any, ...]], ipc: list[tuple[Any, ...]], st: _State) -> None:
         """TRC-OUTBOX-LEGAL, TRC-IPC-CONSISTENT, TRC-FP-FROZEN, TRC-ID-NEVER-FREED, TRC-MAX-AGE."""
@@ -647,12 +652,7 @@ class Oracle:
         for node, seq, line, code in itertools.chain(
                 ((e[0], e[1], e[2], NEW_ROW if e[3] else REDELIVERY) for e in ii),
                 ((e[0], e[1], e[2], MESSAGE) for e in sse if e[3] == "message")):
-            found = st.published.get(node)
-            if found is None:
-                found = st.published[node] = (array("q"), array("q"), array("b"))
-            found[0].append(line)
-            found[1].append(seq)
-            found[2].append(code)
+            _append(st.published, node, "qqb", line, seq, code)
 
     def _message_events(self, st: _State) -> None:
         """TRC-MESSAGE-EVENT-NEW-ROW: on a node with more message events than new inbox rows, the first message
