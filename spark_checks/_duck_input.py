@@ -36,7 +36,7 @@ from .inputs import InputError, LocalFS, Trace, check_local_parquet, locate
 
 
 class DuckDialect(v.SqlDialect):
-    def matches(self, a: str, pattern: str) -> str:
+    def regex(self, a: str, pattern: str) -> str:
         return self._derived(f"regexp_matches({a}, {lit(pattern)})", a)
 
 

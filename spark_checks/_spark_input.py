@@ -57,7 +57,7 @@ class SparkDialect(v.SqlDialect):
             return super()._or_text(items)
         return self.when([(item, "true") for item in items], "false")
 
-    def matches(self, a: str, pattern: str) -> str:
+    def regex(self, a: str, pattern: str) -> str:
         return self._derived(f"rlike({a}, {self.lit(pattern)})", a)
 
     def quote(self, name: str) -> str:

@@ -38,6 +38,8 @@ from typing import Any
 #: bomb (a member nested thousands deep, which one parser refuses, another's recursion overflows on and a third
 #: accepts) opens more, and is ``nesting`` in every engine before any parser sees it.
 MAX_CONTAINERS = 64
+#: A pattern exactly the strings of ``n`` lowercase hex digits match (``SqlDialect.matches``).
+HEX_DIGITS = re.compile(r"\^\[0-9a-f\]\{(\d+)\}\\z")
 #: The most digits a number may write in a row: parsers refuse long numbers at their own limits (Python's int
 #: conversion at 4300 digits, Jackson at 1000 characters, yyjson never), so a longer run outside strings is
 #: ``long_number`` in every engine before any parser sees it; no trace member needs more than 20.
@@ -488,6 +490,7 @@ class SqlDialect(Dialect):
         self._parts: dict[str, list[str]] = {}  # an AND -> its operands
         self._disjuncts: dict[str, list[str]] = {}  # an OR -> its operands
         self._literals: set[str] = set()
+        self._hex_of: dict[str, str] = {}  # ``lower(hex(b))`` -> b
 
     def _derived(self, result: str, *operands: str) -> str:
         """``result`` is null when any of ``operands`` is."""
@@ -683,7 +686,21 @@ class SqlDialect(Dialect):
         return f"coalesce({a} IN ({', '.join(self.lit(x) for x in values)}), false)"
 
     def hex_lower(self, a: str) -> str:
-        return self._derived(f"lower(hex({a}))", a)
+        text = self._derived(f"lower(hex({a}))", a)
+        self._hex_of[text] = a
+        return text
+
+    def matches(self, a: str, pattern: str) -> str:
+        r"""``a`` matches ``pattern``; on the lowercase hex of bytes (two characters a byte, each of ``[0-9a-f]``),
+        ``^[0-9a-f]{2n}\z`` is ``octet_length(bytes) = n``, which costs no regular expression per row."""
+        digits = HEX_DIGITS.fullmatch(pattern)
+        if a in self._hex_of and digits and int(digits[1]) % 2 == 0:
+            return self._derived(f"(octet_length({self._hex_of[a]}) = {int(digits[1]) // 2})", a)
+        return self.regex(a, pattern)
+
+    def regex(self, a: str, pattern: str) -> str:
+        """``a`` matches the regular expression ``pattern`` (the engine's function)."""
+        raise NotImplementedError
 
     def cast_long(self, a: str) -> str:
         return self._derived(f"CAST({a} AS {self.BIGINT})", a)
