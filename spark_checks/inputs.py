@@ -11,7 +11,8 @@ Rules of this file:
 * A JSONL file is shown (``invalid`` entries' ``where``, evidence's ``file``) as the argument that named it, joined
   with ``/`` and its path below that argument; files are read in the order of those names.
 * The oracle and DuckDB read local paths and ``file:`` URIs (``LocalFS``); Spark reads any Hadoop filesystem URI and
-  asks the session's Hadoop ``FileSystem`` what exists (``HadoopFS``).
+  asks the session's Hadoop ``FileSystem`` what exists (``HadoopFS``). A ``file:`` URI names the local path its
+  percent-escapes decode to in every engine; another scheme's text is Hadoop's (read literally).
 """
 
 from __future__ import annotations
@@ -114,7 +115,14 @@ class HadoopFS:
         self.conf = spark._jsc.hadoopConfiguration()
 
     def _fs(self, text: str) -> tuple[Any, Any]:
-        path = self.jvm.org.apache.hadoop.fs.Path(text)
+        """The filesystem and Hadoop ``Path`` an argument names. Hadoop reads a path's text literally (``%3D`` is
+        three characters); a local ``file:`` URI names the path its percent-escapes decode to, as ``LocalFS`` reads
+        it, so every engine reads (and writes) the same file."""
+        parts = urlsplit(text) if has_scheme(text) else None
+        if parts is not None and parts.scheme.lower() == "file" and parts.netloc in ("", "localhost"):
+            path = self.jvm.org.apache.hadoop.fs.Path("file", None, local(text, "spark"))
+        else:
+            path = self.jvm.org.apache.hadoop.fs.Path(text)
         return path.getFileSystem(self.conf), path
 
     def exists(self, text: str) -> bool:

@@ -9,6 +9,7 @@ import os
 import random
 import shutil
 from pathlib import Path
+from urllib.parse import quote
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -34,6 +35,18 @@ def run(argv: list[str], report: Path) -> tuple[int, dict | None]:
     if report.exists():
         report.unlink()
     return code, document
+
+
+def check_percent_encoded(tmp_path: Path, check) -> None:
+    """A ``file:`` URI names the local path its percent-escapes decode to, for the trace and for the report: the
+    dataset ``t`` and one of its files as ``…/bucket%3D00/…`` are read once, the report lands in ``a report.json``.
+    ``check`` runs ``meshtrace check`` with its arguments and one engine."""
+    part = next((tmp_path / "t" / "events").rglob("*.parquet"))
+    uri = "file://" + quote(str(part))
+    assert "%3D" in uri
+    report = tmp_path / "a report.json"
+    assert check([f"file://{tmp_path}/t", uri, "--report", "file://" + quote(str(report))]) == 0
+    assert json.loads(report.read_text())["events"] == 29
 
 
 #: the cases DuckDB also runs one by one through the CLI (it reads the whole corpus at once in another test)
@@ -255,6 +268,7 @@ def test_file_uris_and_trace_directories(tmp_path: Path, engine: str):
     again = [f"file://{tmp_path}/t", str(tmp_path / "t" / "events"), f"{tmp_path}/t/../t"]
     code, document = run(["check", *again, "--engine", engine], tmp_path / "report.json")
     assert (code, document["events"], document["invalid"]["count"]) == (0, 29, 0)
+    check_percent_encoded(tmp_path, lambda argv: meshtrace(["check", *argv, "--engine", engine]))
     jsonl = CORPUS / "crlf.jsonl"
     code, document = run(["check", str(jsonl), f"file://{jsonl}", "--engine", engine], tmp_path / "report.json")
     assert (code, document["events"]) == (0, 29)
@@ -310,6 +324,9 @@ def test_spark_exit_codes_parquet_and_uris(spark, parquet_cases, tmp_path: Path,
     assert (code, document["events"]) == (0, 29)
     code, document = spark_check(f"file://{trace}", str(trace / "events"))  # read once
     assert (code, document["events"]) == (0, 29)
+    assert trace == tmp_path / "t"
+    check_percent_encoded(tmp_path, lambda argv: meshtrace(["check", *argv, "--engine", "spark", "--master",
+                                                            "local[2]"]))
     (tmp_path / "linked").mkdir()  # a hard link too, as the other engines read it
     for f in (trace / "events").rglob("*.parquet"):
         os.link(f, tmp_path / "linked" / f"{f.parent.name}-{f.name}")
