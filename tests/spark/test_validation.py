@@ -242,6 +242,26 @@ def test_the_tree_and_jsonschema_agree_on_mutated_events():
     assert disagreements == []
 
 
+def test_a_hex_pattern_on_bytes_is_their_length():
+    """``SqlDialect.matches`` on the lowercase hex of bytes is ``octet_length``: the same answer as the regular
+    expression for null and for bytes of every length up to 40, and only for a pattern of lowercase hex digits."""
+    import duckdb
+
+    from spark_checks._duck_input import DuckDialect
+
+    d, pattern = DuckDialect(), r"^[0-9a-f]{64}\z"
+    hexed = d.hex_lower(d.col("b"))
+    fast, slow = d.matches(hexed, pattern), d.regex(hexed, pattern)
+    assert "octet_length" in fast and "regexp" not in fast
+    assert "regexp" in d.matches(hexed, pattern.upper()) and "regexp" in d.matches(d.col("b"), pattern)
+    values = [None] + [bytes(random.Random(n).randrange(256) for _ in range(n)) for n in range(41)]
+    connection = duckdb.connect()
+    connection.register("blobs", pa.table({"b": pa.array(values, pa.binary())}))
+    found = connection.sql(f"SELECT {fast} AS fast, {slow} AS slow FROM blobs").fetchall()
+    assert len(found) == 42 and all(a == b for a, b in found)
+    assert found[0] == (None, None) and [n for n, (a, _) in enumerate(found) if a] == [33]
+
+
 def test_integer_members_come_from_the_schema():
     compiled = validity.compile_event()
     assert ("seq",) in compiled.integer_paths and ("effects", "dedupe") in compiled.integer_paths
