@@ -57,15 +57,24 @@ def has_scheme(text: str) -> bool:
     return bool(_SCHEME.match(text)) and not re.match(r"^[A-Za-z]:[\\/]", text)
 
 
+def file_uri_path(text: str) -> str | None:
+    """The local path a ``file:`` URI (no authority, or ``localhost``) names, its percent-escapes decoded; None for
+    any other text."""
+    parts = urlsplit(text)
+    if parts.scheme.lower() == "file" and parts.netloc in ("", "localhost"):
+        return unquote(parts.path)
+    return None
+
+
 def local(text: str, engine: str) -> str:
     """A local path or ``file:`` URI as a local path; another scheme is an ``InputError`` naming ``engine``."""
     if not has_scheme(text):
         return text
-    parts = urlsplit(text)
-    if parts.scheme.lower() != "file" or parts.netloc not in ("", "localhost"):
+    path = file_uri_path(text)
+    if path is None:
         raise InputError(f"the {engine} engine reads local paths and file:// URIs only, not {text} "
                          "(use --engine spark for Hadoop filesystems)")
-    return unquote(parts.path)
+    return path
 
 
 def join(base: str, name: str) -> str:
@@ -118,9 +127,9 @@ class HadoopFS:
         """The filesystem and Hadoop ``Path`` an argument names. Hadoop reads a path's text literally (``%3D`` is
         three characters); a local ``file:`` URI names the path its percent-escapes decode to, as ``LocalFS`` reads
         it, so every engine reads (and writes) the same file."""
-        parts = urlsplit(text) if has_scheme(text) else None
-        if parts is not None and parts.scheme.lower() == "file" and parts.netloc in ("", "localhost"):
-            path = self.jvm.org.apache.hadoop.fs.Path("file", None, local(text, "spark"))
+        decoded = file_uri_path(text) if has_scheme(text) else None
+        if decoded is not None:
+            path = self.jvm.org.apache.hadoop.fs.Path("file", None, decoded)
         else:
             path = self.jvm.org.apache.hadoop.fs.Path(text)
         return path.getFileSystem(self.conf), path
@@ -152,9 +161,8 @@ class HadoopFS:
     def identity(location: str) -> str:
         """What two spellings of one file share: for a local file its device and inode, as ``LocalFS`` reads it
         (so every engine reads a hard-linked file once), else its qualified URI."""
-        if urlsplit(location).scheme.lower() == "file":
-            return LocalFS.identity(unquote(urlsplit(location).path))
-        return location
+        path = file_uri_path(location)
+        return location if path is None else LocalFS.identity(path)
 
 
 def _hidden(relative: str) -> bool:
