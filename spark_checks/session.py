@@ -40,7 +40,12 @@ SQL_CONF: dict[str, str] = {
     "spark.sql.codegen.hugeMethodLimit": "8000",
 }
 #: Launch settings every new session gets.
-COMMON_CONF: dict[str, str] = {**SQL_CONF, "spark.ui.showConsoleProgress": "false"}
+COMMON_CONF: dict[str, str] = {
+    **SQL_CONF, "spark.ui.showConsoleProgress": "false",
+    # PySpark otherwise records the Python call site in the JVM around every Column operation (five py4j round trips
+    # each, for error messages of ANSI mode, which is off): about a third of a check's driver calls.
+    "spark.python.sql.dataFrameDebugging.enabled": "false",
+}
 
 #: Settings for local sessions only.
 LOCAL_CONF: dict[str, str] = {
