@@ -8,14 +8,18 @@
   ``meshtrace catalogue`` prints the catalogue.
 
 Exit codes (check, validate, convert): 0 clean, 1 violations (check), 2 invalid input -- unless ``--tolerate`` covers
-it -- or a usage error (a missing path, no trace files, no valid events, unreadable or mistyped Parquet).
+it -- or a usage error (a missing path, no trace files, no valid events, unreadable or mistyped Parquet, a filesystem
+Hadoop cannot open), 3 a run that failed (an engine error: no verdict).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 #: what --tolerate accepts: the reasons each level lets through (None: every reason)
@@ -76,8 +80,65 @@ def bounded(low: int, high: int, what: str):
 DURATION_MS = bounded(0, 2**31 - 1, "a duration in milliseconds")
 
 
+ENGINES = ("spark", "oracle", "duckdb")
+
+
+def spark_setting(text: str) -> tuple[str, str]:
+    """An argparse type: ``KEY=VALUE``, a Spark setting (``spark.hadoop.KEY`` for Hadoop's)."""
+    key, equals, value = text.partition("=")
+    if not equals or not key.strip() or key != key.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    return key, value
+
+
+def add_check_arguments(check: argparse.ArgumentParser, engines: tuple[str, ...]) -> None:
+    """The options of ``meshtrace check`` (``engines`` to choose from; with one, no ``--engine``), also those of
+    ``python -m spark_checks.spark``."""
+    from .catalogue import DEFAULT_ACK_GRACE_MS, DEFAULT_ACK_TIMEOUT_MS, DEFAULT_REDELIVERY_GRACE_MS
+
+    check.add_argument("paths", nargs="+", help="trace directories, Parquet datasets or JSONL files (paths or URIs: "
+                                                "file://, and with Spark any Hadoop filesystem: s3a://, hdfs://, …)")
+    if len(engines) > 1:
+        check.add_argument("--engine", choices=engines, default=engines[0])
+    else:
+        check.set_defaults(engine=engines[0])
+    check.add_argument("--master", default=None,
+                       help="Spark master URL (local[*], spark://host:7077, …; default: the one spark-submit started "
+                            "this driver with, else local[*])")
+    check.add_argument("--conf", type=spark_setting, action="append", default=[], metavar="KEY=VALUE",
+                       help="Spark: a setting for the session, applied last (repeatable); Hadoop's as "
+                            "spark.hadoop.KEY, e.g. spark.hadoop.fs.s3a.endpoint=…")
+    check.add_argument("--driver-memory", default=None,
+                       help="Spark driver heap (default 6g for a local session, 2g for another master)")
+    check.add_argument("--driver-host", default=None,
+                       help="Spark, a master on another machine: the address its executors connect back to this "
+                            "driver at (spark.driver.host; default 127.0.0.1 for local and spark://127.0.0.1 masters)")
+    check.add_argument("--driver-bind-address", default=None,
+                       help="Spark: the address this driver listens on (spark.driver.bindAddress; default: the driver "
+                            "host)")
+    check.add_argument("--report", help="write the JSON report here (a path or URI; Spark writes Hadoop URIs)")
+    check.add_argument("--tolerate", choices=tuple(TOLERATE), help=TOLERATE_HELP)
+    check.add_argument("--limit", type=bounded(0, 2**31 - 1, "a count"), default=100,
+                       help="violations listed per invariant")
+    check.add_argument("--chunk", type=bounded(1, 2**31 - 1, "a chunk size"), default=None,
+                       help="Spark: events per window chunk of a heavy subject")
+    check.add_argument("--redelivery-grace-ms", type=DURATION_MS, default=DEFAULT_REDELIVERY_GRACE_MS)
+    check.add_argument("--ack-timeout-ms", type=DURATION_MS, default=DEFAULT_ACK_TIMEOUT_MS,
+                       help="the traced daemons' ack timeout ([outbox] ack_timeout_s; the trace does not record it)")
+    check.add_argument("--ack-grace-ms", type=DURATION_MS, default=DEFAULT_ACK_GRACE_MS,
+                       help="how late after its ack timeout an inflight row's resolution may be traced")
+
+
+def check_main(argv: list[str], prog: str) -> int:
+    """``python -m spark_checks.spark`` / ``spark-submit spark_checks/spark.py``: ``meshtrace check`` with Spark."""
+    parser = argparse.ArgumentParser(prog=prog, description="check the invariant catalogue over a trace with Spark")
+    add_check_arguments(parser, ("spark",))
+    args = parser.parse_args(argv)
+    return _failed_run_exits_3(prog, lambda: _check(args, prog))
+
+
 def _parser() -> argparse.ArgumentParser:
-    from .catalogue import DEFAULT_ACK_GRACE_MS, DEFAULT_ACK_TIMEOUT_MS, DEFAULT_REDELIVERY_GRACE_MS, INJECTIONS
+    from .catalogue import INJECTIONS
     from .format import DEFAULT_BUCKETS
 
     parser = argparse.ArgumentParser(prog="meshtrace", description="meshspec trace tools")
@@ -108,30 +169,8 @@ def _parser() -> argparse.ArgumentParser:
                           help="share of the events spent on two hot keys (a client re-posting one id)")
     generate.add_argument("--out", type=Path, required=True)
 
-    check = sub.add_parser("check", help="check the invariant catalogue over a trace (Parquet or JSONL)")
-    check.add_argument("paths", nargs="+", help="trace directories, Parquet datasets or JSONL files (paths or URIs: "
-                                                "file://, and with Spark any Hadoop filesystem: s3a://, hdfs://, …)")
-    check.add_argument("--engine", choices=("spark", "oracle", "duckdb"), default="spark")
-    check.add_argument("--master", default="local[*]", help="Spark master URL (local[*], spark://host:7077, …)")
-    check.add_argument("--driver-memory", default=None,
-                       help="Spark driver heap (default 6g for a local session, 2g for another master)")
-    check.add_argument("--driver-host", default=None,
-                       help="Spark, a master on another machine: the address its executors connect back to this "
-                            "driver at (spark.driver.host; default 127.0.0.1 for local and spark://127.0.0.1 masters)")
-    check.add_argument("--driver-bind-address", default=None,
-                       help="Spark: the address this driver listens on (spark.driver.bindAddress; default: the driver "
-                            "host)")
-    check.add_argument("--report", help="write the JSON report here (a path or URI; Spark writes Hadoop URIs)")
-    check.add_argument("--tolerate", choices=tuple(TOLERATE), help=TOLERATE_HELP)
-    check.add_argument("--limit", type=bounded(0, 2**31 - 1, "a count"), default=100,
-                       help="violations listed per invariant")
-    check.add_argument("--chunk", type=bounded(1, 2**31 - 1, "a chunk size"), default=None,
-                       help="Spark: events per window chunk of a heavy subject")
-    check.add_argument("--redelivery-grace-ms", type=DURATION_MS, default=DEFAULT_REDELIVERY_GRACE_MS)
-    check.add_argument("--ack-timeout-ms", type=DURATION_MS, default=DEFAULT_ACK_TIMEOUT_MS,
-                       help="the traced daemons' ack timeout ([outbox] ack_timeout_s; the trace does not record it)")
-    check.add_argument("--ack-grace-ms", type=DURATION_MS, default=DEFAULT_ACK_GRACE_MS,
-                       help="how late after its ack timeout an inflight row's resolution may be traced")
+    add_check_arguments(sub.add_parser("check", help="check the invariant catalogue over a trace (Parquet or JSONL)"),
+                        ENGINES)
 
     convert = sub.add_parser("convert", help="JSONL trace files -> Parquet dataset, or a dataset -> JSONL")
     convert.add_argument("paths", nargs="+")
@@ -146,6 +185,22 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    return _failed_run_exits_3(f"meshtrace {args.command}", lambda: _command(args))
+
+
+def _failed_run_exits_3(prog: str, run: Callable[[], int]) -> int:
+    """``run()``'s exit code; a run that failed (an engine error, Spark stopped, a bug) prints its traceback and
+    exits 3, never 1, which means violations found."""
+    try:
+        return run()
+    except Exception as exc:  # whatever failed, the run gave no verdict
+        traceback.print_exc()
+        print(f"{prog}: the run failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+              "this is no verdict about the trace (exit 3)", file=sys.stderr)
+        return 3
+
+
+def _command(args: argparse.Namespace) -> int:
     if args.command == "validate":
         return _validate(args)
     if args.command == "generate":
@@ -186,19 +241,23 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check(args: argparse.Namespace) -> int:
+def _check(args: argparse.Namespace, prog: str = "meshtrace check") -> int:
     from .inputs import InputError
 
+    if args.conf and args.engine != "spark":
+        print(f"{prog}: --conf sets Spark's settings (and Hadoop's); --engine {args.engine} takes none",
+              file=sys.stderr)
+        return 2
     try:
         report, write = _run_check(args)
         document = report.as_dict()
         if args.report:
             write(args.report, json.dumps(document, indent=2, default=str) + "\n")
     except InputError as exc:
-        print(f"meshtrace check: {exc}", file=sys.stderr)
+        print(f"{prog}: {exc}", file=sys.stderr)
         return 2
     _print_report(document)
-    return _verdict("check", report.events, report.invalid_reasons, args.tolerate, ", ".join(args.paths),
+    return _verdict(prog, report.events, report.invalid_reasons, args.tolerate, ", ".join(args.paths),
                     1 if report.violations else 0)
 
 
@@ -211,9 +270,11 @@ def _run_check(args: argparse.Namespace):
         from .session import DriverUnreachable, build_session
         from .spark import DEFAULT_CHUNK, SparkChecker
 
+        # Under spark-submit the Python driver talks to the JVM it started (PYSPARK_GATEWAY_PORT): keep its master.
+        master = args.master or (None if "PYSPARK_GATEWAY_PORT" in os.environ else "local[*]")
         try:
-            spark = build_session(args.master, driver_memory=args.driver_memory, driver_host=args.driver_host,
-                                  driver_bind_address=args.driver_bind_address)
+            spark = build_session(master, driver_memory=args.driver_memory, driver_host=args.driver_host,
+                                  driver_bind_address=args.driver_bind_address, conf=dict(args.conf))
         except DriverUnreachable as exc:
             raise InputError(str(exc)) from None
         report = SparkChecker(spark, chunk=args.chunk or DEFAULT_CHUNK, redelivery_grace_ms=args.redelivery_grace_ms,
@@ -231,17 +292,17 @@ def _run_check(args: argparse.Namespace):
                   ack_grace_ms=args.ack_grace_ms).check(args.paths), write_local
 
 
-def _verdict(command: str, events: int, reasons: dict[str, int], tolerate: str | None, where: str, otherwise: int
+def _verdict(prog: str, events: int, reasons: dict[str, int], tolerate: str | None, where: str, otherwise: int
              ) -> int:
     """Exit 2 for invalid input ``--tolerate`` does not cover or for no valid events, else ``otherwise``."""
     count = sum(reasons.values())
     if not tolerated(reasons, tolerate):
         shown = ", ".join(f"{n} {reason}" for reason, n in sorted(reasons.items()))
-        print(f"meshtrace {command}: {count} invalid event(s) ({shown}); see spark_checks/README.md, "
+        print(f"{prog}: {count} invalid event(s) ({shown}); see spark_checks/README.md, "
               "'Input validity' (--tolerate torn-tail | invalid for known-dirty traces)", file=sys.stderr)
         return 2
     if not events:
-        print(f"meshtrace {command}: no valid trace events in {where}", file=sys.stderr)
+        print(f"{prog}: no valid trace events in {where}", file=sys.stderr)
         return 2
     return otherwise
 
@@ -261,7 +322,7 @@ def _validate(args: argparse.Namespace) -> int:
     if count > len(invalid):
         print(f"... and {count - len(invalid)} more")
     print(f"{events} valid events, {count} invalid")
-    return _verdict("validate", events, reasons, args.tolerate, ", ".join(args.paths), 0)
+    return _verdict("meshtrace validate", events, reasons, args.tolerate, ", ".join(args.paths), 0)
 
 
 def _print_report(document: dict) -> None:
@@ -338,7 +399,7 @@ def _convert(args: argparse.Namespace) -> int:
         return 2
     for entry in invalid[:20]:
         print(f"{entry['where']}: {entry['reason']}: {entry['message']}", file=sys.stderr)
-    code = _verdict("convert", events, reasons, args.tolerate, ", ".join(args.paths), 0)
+    code = _verdict("meshtrace convert", events, reasons, args.tolerate, ", ".join(args.paths), 0)
     if code:
         print("meshtrace convert: nothing written", file=sys.stderr)
         return code

@@ -17,9 +17,10 @@ Rules of this file:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -123,10 +124,24 @@ class HadoopFS:
         self.jvm = spark._jvm
         self.conf = spark._jsc.hadoopConfiguration()
 
+    @staticmethod
+    @contextlib.contextmanager
+    def failing(text: str, doing: str = "read") -> Iterator[None]:
+        """Hadoop's exceptions about ``text`` (no filesystem for its scheme, one it cannot set up or reach, a denied
+        or failed operation) as ``InputError``: the input is unusable, which is no verdict about it."""
+        from py4j.protocol import Py4JJavaError
+
+        try:
+            yield
+        except Py4JJavaError as exc:
+            message = str(exc.java_exception.toString()).splitlines()[0]
+            raise InputError(f"{text}: Hadoop cannot {doing} it: {message} (a filesystem's settings are given as "
+                             f"--conf spark.hadoop.KEY=VALUE)") from None
+
     def _fs(self, text: str) -> tuple[Any, Any]:
         """The filesystem and Hadoop ``Path`` an argument names. Hadoop reads a path's text literally (``%3D`` is
         three characters); a local ``file:`` URI names the path its percent-escapes decode to, as ``LocalFS`` reads
-        it, so every engine reads (and writes) the same file."""
+        it, so every engine reads (and writes) the same file. Call it inside ``failing``."""
         decoded = file_uri_path(text) if has_scheme(text) else None
         if decoded is not None:
             path = self.jvm.org.apache.hadoop.fs.Path("file", None, decoded)
@@ -135,27 +150,31 @@ class HadoopFS:
         return path.getFileSystem(self.conf), path
 
     def exists(self, text: str) -> bool:
-        fs, path = self._fs(text)
-        return bool(fs.exists(path))
+        with self.failing(text):
+            fs, path = self._fs(text)
+            return bool(fs.exists(path))
 
     def is_dir(self, text: str) -> bool:
-        fs, path = self._fs(text)
-        return bool(fs.exists(path) and fs.getFileStatus(path).isDirectory())
+        with self.failing(text):
+            fs, path = self._fs(text)
+            return bool(fs.exists(path) and fs.getFileStatus(path).isDirectory())
 
     def files(self, text: str) -> list[tuple[str, str]]:
-        fs, path = self._fs(text)
-        root = fs.makeQualified(path).toString().rstrip("/") + "/"
-        found = []
-        listing = fs.listFiles(path, True)
-        while listing.hasNext():
-            child = listing.next().getPath()
-            name = child.toString()
-            found.append((child.toUri().toString(), name[len(root):] if name.startswith(root) else child.getName()))
-        return found
+        with self.failing(text):
+            fs, path = self._fs(text)
+            root = fs.makeQualified(path).toString().rstrip("/") + "/"
+            found = []
+            listing = fs.listFiles(path, True)
+            while listing.hasNext():
+                child = listing.next().getPath()
+                name = child.toString()
+                found.append((child.toUri().toString(), name[len(root):] if name.startswith(root) else child.getName()))
+            return found
 
     def location(self, text: str) -> str:
-        fs, path = self._fs(text)
-        return fs.makeQualified(path).toUri().toString()
+        with self.failing(text):
+            fs, path = self._fs(text)
+            return fs.makeQualified(path).toUri().toString()
 
     @staticmethod
     def identity(location: str) -> str:
@@ -244,13 +263,16 @@ def write_local(target: str, text: str) -> None:
 
 
 def write_hadoop(spark: Any, target: str, text: str) -> None:
-    """Write ``text`` to any Hadoop filesystem URI (or local path) through the session's ``FileSystem``."""
-    fs, path = HadoopFS(spark)._fs(target)
-    stream = fs.create(path, True)
-    try:
-        stream.write(bytearray(text.encode("utf-8")))
-    finally:
-        stream.close()
+    """Write ``text`` to any Hadoop filesystem URI (or local path) through the session's ``FileSystem``; raises
+    ``InputError`` when Hadoop cannot."""
+    hadoop = HadoopFS(spark)
+    with hadoop.failing(target, "write"):
+        fs, path = hadoop._fs(target)
+        stream = fs.create(path, True)
+        try:
+            stream.write(bytearray(text.encode("utf-8")))
+        finally:
+            stream.close()
 
 
 # --- Parquet column types -----------------------------------------------------------------------------------------

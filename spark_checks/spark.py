@@ -35,9 +35,6 @@ two independent hashes). Keys and evidence are read back from the events themsel
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import sys
 import time
 from collections import defaultdict
@@ -966,42 +963,11 @@ def check(paths: Path | str | list[Path] | list[str], master: str | None = "loca
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m spark_checks.spark`` / ``spark-submit spark_checks/spark.py``: check a Parquet trace."""
-    parser = argparse.ArgumentParser(prog="spark_checks.spark", description=__doc__.splitlines()[0])
-    parser.add_argument("paths", nargs="+", help="Parquet trace datasets (local paths or any Hadoop URI)")
-    parser.add_argument("--master", default=None, help="master URL; default: the one spark-submit set, else local[*]")
-    parser.add_argument("--report", type=Path, help="write the JSON report here")
-    parser.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, help="events per window chunk of a heavy subject")
-    parser.add_argument("--limit", type=int, default=100, help="violations listed per invariant")
-    parser.add_argument("--redelivery-grace-ms", type=int, default=DEFAULT_REDELIVERY_GRACE_MS)
-    parser.add_argument("--ack-timeout-ms", type=int, default=DEFAULT_ACK_TIMEOUT_MS,
-                        help="the traced daemons' ack timeout ([outbox] ack_timeout_s; the trace does not record it)")
-    parser.add_argument("--ack-grace-ms", type=int, default=DEFAULT_ACK_GRACE_MS)
-    parser.add_argument("--driver-host", default=None,
-                        help="the address executors on other machines connect back to this driver at "
-                             "(spark.driver.host; or spark-submit --conf)")
-    parser.add_argument("--driver-bind-address", default=None,
-                        help="the address this driver listens on (spark.driver.bindAddress; default: the driver host)")
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    from spark_checks.session import DriverUnreachable, build_session
+    """``python -m spark_checks.spark`` / ``spark-submit spark_checks/spark.py``: ``meshtrace check`` with Spark (the
+    same options, report and exit codes), on the master spark-submit set unless ``--master`` names one."""
+    from spark_checks.cli import check_main
 
-    # Under spark-submit the Python driver talks to an existing JVM (PYSPARK_GATEWAY_PORT): keep its master.
-    master = args.master or (None if "PYSPARK_GATEWAY_PORT" in os.environ else "local[*]")
-    try:
-        spark = build_session(master, driver_host=args.driver_host, driver_bind_address=args.driver_bind_address)
-    except DriverUnreachable as exc:
-        print(f"spark_checks.spark: {exc}", file=sys.stderr)
-        return 2
-    report = SparkChecker(spark, chunk=args.chunk, redelivery_grace_ms=args.redelivery_grace_ms,
-                          limit=args.limit, ack_timeout_ms=args.ack_timeout_ms,
-                          ack_grace_ms=args.ack_grace_ms).check(args.paths)
-    document = report.as_dict()
-    if args.report:
-        args.report.write_text(json.dumps(document, indent=2) + "\n")
-    print(json.dumps({k: document[k] for k in ("engine", "events", "seconds", "events_per_second")}))
-    for inv in document["invariants"]:
-        print(f"{inv['id']:<26} {'ok' if not inv['violations'] else inv['violations']}")
-    return 1 if report.violations else 0
+    return check_main(sys.argv[1:] if argv is None else argv, "spark_checks.spark")
 
 
 if __name__ == "__main__":
