@@ -251,12 +251,12 @@ def _check(args: argparse.Namespace, prog: str = "meshtrace check") -> int:
     try:
         report, write = _run_check(args)
         document = report.as_dict()
+        _print_report(document)  # first: a report file that cannot be written does not hide the result
         if args.report:
             write(args.report, json.dumps(document, indent=2, default=str) + "\n")
     except InputError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
-    _print_report(document)
     return _verdict(prog, report.events, report.invalid_reasons, args.tolerate, ", ".join(args.paths),
                     1 if report.violations else 0)
 

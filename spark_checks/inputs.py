@@ -253,13 +253,18 @@ def locate(arguments: Iterable[str], fs: LocalFS | HadoopFS) -> Trace:
 
 
 def write_local(target: str, text: str) -> None:
-    """Write ``text`` to a local path or ``file:`` URI, making its directory."""
+    """Write ``text`` to a local path or ``file:`` URI, making its directory; raises ``InputError`` when the system
+    refuses."""
     path = local(target, "report")
     directory = os.path.dirname(path)
-    if directory:
-        os.makedirs(directory, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as handle:
-        handle.write(text)
+    try:
+        if directory:
+            os.makedirs(directory, exist_ok=True)
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(text)
+    except OSError as exc:
+        where = f" ({exc.filename})" if exc.filename not in (None, path) else ""
+        raise InputError(f"{target}: cannot write it: {exc.strerror or exc}{where}") from None
 
 
 def write_hadoop(spark: Any, target: str, text: str) -> None:

@@ -1,28 +1,22 @@
-"""A Hadoop filesystem other than ``file:``, for the trace and the report, and the exit codes when Hadoop cannot.
+"""The exit codes when Hadoop cannot open, read or write a URI, and of a run that fails.
 
-``viewfs://`` is Hadoop's own mount-table filesystem, shipped with Spark: a scheme only Hadoop resolves, configured
-the way an ``s3a://`` bucket's endpoint and credentials are (``--conf spark.hadoop.KEY=VALUE``), so the paths a
-check takes, lists, reads and writes all go through Hadoop's ``FileSystem`` rather than a local path.
+``viewfs://`` is Hadoop's own mount-table filesystem, shipped with Spark: a scheme only Hadoop resolves. A check
+through it, set up with ``--conf spark.hadoop.KEY=VALUE`` as an ``s3a://`` bucket's endpoint would be, is
+``test_spark_checks.test_spark_submit_runs_the_same_module``.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from trace_testkit import expected, make_trace
+from trace_testkit import make_trace
 
 from spark_checks.cli import main as meshtrace
 from spark_checks.oracle import Oracle
 
 pytestmark = pytest.mark.spark
 
-REPO = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
 
 
 def mount(table: str, root: Path) -> str:
@@ -30,34 +24,11 @@ def mount(table: str, root: Path) -> str:
     return f"fs.viewfs.mounttable.{table}.link./data=file://{root}"
 
 
-def test_a_viewfs_trace_and_report_through_the_command_line(tmp_path: Path):
-    pytest.importorskip("pyspark")
-    shared = tmp_path / "shared"
-    trace, manifest = make_trace(shared, "t", seed=21, inject=["fingerprint_changed", "unacked_delivery"],
-                                 events=3_000, daemons=4)
-    (shared / "reports").mkdir()
-    done = subprocess.run(
-        [str(BIN / "meshtrace"), "check", "viewfs://cl/data/t", "--master", "local[2]", "--conf",
-         "spark.hadoop." + mount("cl", shared), "--report", "viewfs://cl/data/reports/r.json"],
-        capture_output=True, text=True, timeout=300, cwd=REPO, env=os.environ)
-    assert done.returncode == 1, done.stderr[-3000:]
-    report = json.loads((shared / "reports" / "r.json").read_text())
-    oracle = Oracle().check([trace]).as_dict()
-    assert report["trace"] == "viewfs://cl/data/t" and report["events"] == oracle["events"] == 3_000
-    assert {(v["invariant"], tuple(v["key"].items())) for v in report["violations"]} == expected(manifest)
-    assert [(v["invariant"], v["key"], v["event"], v["related"], v["detail"], v["evidence"])
-            for v in report["violations"]] == \
-           [(v["invariant"], v["key"], v["event"], v["related"], v["detail"], v["evidence"])
-            for v in oracle["violations"]]
-
-
 def test_what_hadoop_cannot_open_read_or_write_exits_2(spark, tmp_path: Path, capsys):
     make_trace(tmp_path, "t", seed=22, events=500, daemons=2)
     key, value = mount("ok", tmp_path).split("=", 1)
     spark.sparkContext._jsc.hadoopConfiguration().set(key, value)
     spark_check = ["--engine", "spark", "--master", "local[2]"]
-    assert meshtrace(["check", "viewfs://ok/data/t", *spark_check]) == 0
-    capsys.readouterr()
     for uri, says in (("s3a://bucket/trace", "Hadoop cannot read it: java.lang.RuntimeException: java.lang."
                                              "ClassNotFoundException: Class org.apache.hadoop.fs.s3a.S3AFileSystem "
                                              "not found"),  # no hadoop-aws on the class path
@@ -72,15 +43,24 @@ def test_what_hadoop_cannot_open_read_or_write_exits_2(spark, tmp_path: Path, ca
         assert "Traceback" not in err
     assert meshtrace(["check", "viewfs://ok/elsewhere/t", *spark_check]) == 2  # outside the mount table
     assert "meshtrace check: no such file or directory: viewfs://ok/elsewhere/t" in capsys.readouterr().err
-    report = "viewfs://unmounted/data/r.json"
+    report = "viewfs://unmounted/data/r.json"  # the trace is read through the mount, the report has none
     assert meshtrace(["check", "viewfs://ok/data/t", *spark_check, "--report", report]) == 2
-    err = capsys.readouterr().err
+    captured = capsys.readouterr()
+    assert "spark: 500 events" in captured.out
+    err = captured.err
     assert f"meshtrace check: {report}: Hadoop cannot write it: " in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("engine", ["oracle", "duckdb"])
-def test_spark_settings_are_refused_for_another_engine(engine: str, tmp_path: Path, capsys):
+def test_spark_settings_are_refused_and_an_unwritable_report_exits_2(engine: str, tmp_path: Path, capsys):
     trace, _ = make_trace(tmp_path, "t", seed=23, events=300, daemons=2)
+    (tmp_path / "a-file").write_text("")
+    for report, says in ((tmp_path, "Is a directory"),
+                         (tmp_path / "a-file" / "r.json", f"File exists ({tmp_path / 'a-file'})")):
+        assert meshtrace(["check", str(trace), "--engine", engine, "--report", str(report)]) == 2
+        captured = capsys.readouterr()
+        assert f"meshtrace check: {report}: cannot write it: {says}" in captured.err
+        assert "Traceback" not in captured.err and "300 events" in captured.out
     assert meshtrace(["check", str(trace), "--engine", engine, "--conf", "spark.x=1"]) == 2
     assert f"--engine {engine} takes none" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exited:

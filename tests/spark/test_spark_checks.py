@@ -96,6 +96,9 @@ def test_local_sessions_stay_on_loopback(spark):
 
 
 def test_spark_submit_runs_the_same_module(traces, tmp_path: Path):
+    """Through ``spark-submit``, with the trace and the report on ``viewfs://`` (Hadoop's mount-table filesystem: a
+    scheme only Hadoop resolves, set up with ``--conf spark.hadoop.…`` as an ``s3a://`` bucket's endpoint would be),
+    the report is the oracle's, evidence and all."""
     import os
     import subprocess
     import sys
@@ -104,17 +107,24 @@ def test_spark_submit_runs_the_same_module(traces, tmp_path: Path):
     if not submit.exists():
         pytest.skip("spark-submit is not installed next to this interpreter")
     trace, manifest = traces["missing_side_effect"]
-    report = tmp_path / "report.json"
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable,
            "PYSPARK_DRIVER_PYTHON": sys.executable}
     loopback = [f"--conf=spark.driver.{name}=127.0.0.1" for name in ("bindAddress", "host")]
     module = Path(__file__).resolve().parents[2] / "spark_checks" / "spark.py"
     small = ["--conf=spark.ui.enabled=false", "--conf=spark.sql.shuffle.partitions=4", "--driver-memory", "1g"]
-    done = subprocess.run([str(submit), "--master", "local[2]", *loopback, *small,
-                           str(module), str(trace), "--report", str(report)],
+    mounts = [f"--conf=spark.hadoop.fs.viewfs.mounttable.sub.link./{name}=file://{target}"
+              for name, target in (("traces", trace.parent), ("reports", tmp_path))]
+    done = subprocess.run([str(submit), "--master", "local[2]", *loopback, *small, str(module),
+                           f"viewfs://sub/traces/{trace.name}", *mounts, "--report", "viewfs://sub/reports/r.json"],
                           env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 1, done.stderr[-3000:]
-    document = json.loads(report.read_text())
+    document = json.loads((tmp_path / "r.json").read_text())
     assert document["engine"] == "spark" and document["events"] == manifest["events"]
+    assert document["trace"] == f"viewfs://sub/traces/{trace.name}"
     assert document["settings"]["master"] == "local[2]", "the master spark-submit set is kept"
     assert {(v["invariant"], tuple(v["key"].items())) for v in document["violations"]} == expected(manifest)
+    answers = oracle.Oracle().check([trace]).as_dict()
+    assert [{k: v[k] for k in ("invariant", "key", "event", "related", "detail", "evidence")}
+            for v in document["violations"]] == \
+           [{k: v[k] for k in ("invariant", "key", "event", "related", "detail", "evidence")}
+            for v in answers["violations"]]
