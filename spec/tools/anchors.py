@@ -28,6 +28,7 @@ detached or refused anchor; a refused anchor counts for nothing.
 from __future__ import annotations
 
 import ast
+import functools
 import io
 import re
 import tokenize
@@ -302,9 +303,17 @@ def _next_code_line(lines: list[str], row: int) -> tuple[int | None, str]:
 
 
 def scan(repo_root: Path, package: str = PACKAGE) -> Scan:
-    """The anchors of every ``*.py`` file under ``repo_root / package``."""
+    """The anchors of every ``*.py`` file under ``repo_root / package`` (a run of ``spec check`` asks twice: the
+    tree is read again only when a file's size or modification time changed)."""
     files = [file for file in sorted((repo_root / package).rglob("*.py")) if "__pycache__" not in file.parts]
-    sources = {file: file.read_text(encoding="utf-8") for file in files}
+    stamps = tuple((file, stat.st_mtime_ns, stat.st_size) for file in files for stat in (file.stat(),))
+    found = _scan(repo_root, stamps)
+    return Scan(list(found.anchors), list(found.malformed))
+
+
+@functools.lru_cache(maxsize=4)
+def _scan(repo_root: Path, stamps: tuple[tuple[Path, int, int], ...]) -> Scan:
+    sources = {file: file.read_text(encoding="utf-8") for file, _, _ in stamps}
     referenced: Counter[str] = Counter()
     for source in sources.values():
         try:

@@ -53,7 +53,6 @@ SUBSCHEMA_KEYWORDS = ("items", "contains", "not", "if", "then", "else", "propert
                       "contentSchema")
 SCHEMA_MAP_KEYWORDS = ("$defs", "definitions", "patternProperties", "dependentSchemas")
 LIST_KEYS = ("id", "phase", "check", "effect", "name", "code")
-YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: openapi.yaml is large
 
 
 @dataclass(frozen=True)
@@ -120,7 +119,7 @@ class _Tree:
             if path.suffix == ".json":
                 return spec_pkg.load_json(path)
             with path.open(encoding="utf-8") as handle:
-                return yaml.load(handle, Loader=YAML_LOADER)
+                return yaml.load(handle, Loader=spec_pkg.YAML_LOADER)
         except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as exc:
             raise SpecTreeError(f"{path}: {exc}") from exc
 
