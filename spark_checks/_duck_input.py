@@ -142,6 +142,17 @@ def _parquet(con: Any, trace: Trace, listed: int) -> Loaded:
         raise
 
 
+def read_parquet(con: Any, statement: str) -> None:
+    """Run a statement that only reads the trace's Parquet files: DuckDB's error there (a corrupt page behind an
+    intact footer) is about the input, an ``InputError``, as the other engines report it."""
+    import duckdb
+
+    try:
+        con.execute(statement)
+    except duckdb.Error as exc:
+        raise InputError(f"not a readable Parquet file ({str(exc).splitlines()[0]})") from None
+
+
 def _parquet_view(con: Any, trace: Trace, listed: int, directory: str, links: list[str]) -> Loaded:
     files = ", ".join(lit(f) for f in links)
     columns = ", ".join(fmt.COLUMNS)
@@ -150,8 +161,8 @@ def _parquet_view(con: Any, trace: Trace, listed: int, directory: str, links: li
     tree = v.compile_event().tree
     # the positions more than one row holds, over every file (a node's rows span files and datasets): all their rows
     # are ``layout``; with none (the rule) the judging is the plain rules
-    con.execute("CREATE TEMP TABLE shared AS SELECT node, line FROM ev_all WHERE node IS NOT NULL AND line >= 0 "
-                "GROUP BY node, line HAVING count(*) > 1")
+    read_parquet(con, "CREATE TEMP TABLE shared AS SELECT node, line FROM ev_all WHERE node IS NOT NULL AND line >= 0 "
+                      "GROUP BY node, line HAVING count(*) > 1")
     unplaced = "line IS NULL OR line < 0"
     if con.execute("SELECT count(*) FROM shared").fetchone()[0]:
         unplaced += " OR EXISTS (SELECT 1 FROM shared s WHERE s.node = ev_all.node AND s.line = ev_all.line)"
@@ -160,9 +171,9 @@ def _parquet_view(con: Any, trace: Trace, listed: int, directory: str, links: li
     message = (f"CASE WHEN {unplaced} THEN 'line: ' || coalesce(CAST(line AS VARCHAR), 'null') || ' ' || CASE "
                f"WHEN line IS NULL OR line < 0 THEN {lit(v.NOT_A_POSITION)} ELSE {lit(v.SHARED_POSITION)} END "
                f"ELSE {renderer.explain(tree)} END")
-    con.execute(f"CREATE TEMP TABLE bad AS SELECT coalesce(node, 'null') || '@line ' || "
-                f"coalesce(CAST(line AS VARCHAR), 'null') AS \"where\", {reason} AS reason, {message} AS message, "
-                f"node, line FROM ev_all WHERE NOT {valid}")
+    read_parquet(con, f"CREATE TEMP TABLE bad AS SELECT coalesce(node, 'null') || '@line ' || "
+                      f"coalesce(CAST(line AS VARCHAR), 'null') AS \"where\", {reason} AS reason, "
+                      f"{message} AS message, node, line FROM ev_all WHERE NOT {valid}")
     reasons = dict(con.execute("SELECT reason, count(*) FROM bad GROUP BY reason").fetchall())
     invalid = [{"where": w, "reason": r, "message": m} for w, r, m in con.execute(
         f"SELECT \"where\", reason, message FROM bad ORDER BY node NULLS FIRST, line NULLS FIRST LIMIT {listed}"

@@ -15,6 +15,7 @@ Hadoop cannot open), 3 a run that failed (an engine error: no verdict).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -92,16 +93,13 @@ def spark_setting(text: str) -> tuple[str, str]:
 
 
 def add_check_arguments(check: argparse.ArgumentParser, engines: tuple[str, ...]) -> None:
-    """The options of ``meshtrace check`` (``engines`` to choose from; with one, no ``--engine``), also those of
-    ``python -m spark_checks.spark``."""
+    """The options of ``meshtrace check`` (``engines`` to choose from), also those of ``python -m
+    spark_checks.spark``."""
     from .catalogue import DEFAULT_ACK_GRACE_MS, DEFAULT_ACK_TIMEOUT_MS, DEFAULT_REDELIVERY_GRACE_MS
 
     check.add_argument("paths", nargs="+", help="trace directories, Parquet datasets or JSONL files (paths or URIs: "
                                                 "file://, and with Spark any Hadoop filesystem: s3a://, hdfs://, …)")
-    if len(engines) > 1:
-        check.add_argument("--engine", choices=engines, default=engines[0])
-    else:
-        check.set_defaults(engine=engines[0])
+    check.add_argument("--engine", choices=engines, default=engines[0])
     check.add_argument("--master", default=None,
                        help="Spark master URL (local[*], spark://host:7077, …; default: the one spark-submit started "
                             "this driver with, else local[*])")
@@ -188,15 +186,21 @@ def main(argv: list[str] | None = None) -> int:
     return _failed_run_exits_3(f"meshtrace {args.command}", lambda: _command(args))
 
 
+def say(message: str) -> None:
+    """A line on stderr; a stderr that cannot take it (closed, a full disk) does not change the exit code."""
+    with contextlib.suppress(OSError, ValueError):
+        print(message, file=sys.stderr, flush=True)
+
+
 def _failed_run_exits_3(prog: str, run: Callable[[], int]) -> int:
     """``run()``'s exit code; a run that failed (an engine error, Spark stopped, a bug) prints its traceback and
     exits 3, never 1, which means violations found."""
     try:
         return run()
     except Exception as exc:  # whatever failed, the run gave no verdict
-        traceback.print_exc()
-        print(f"{prog}: the run failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
-              "this is no verdict about the trace (exit 3)", file=sys.stderr)
+        say(traceback.format_exc().rstrip())
+        say(f"{prog}: the run failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+            "this is no verdict about the trace (exit 3)")
         return 3
 
 
@@ -230,14 +234,14 @@ def _generate(args: argparse.Namespace) -> int:
                         hot_fraction=args.hot_fraction)
         manifest = generate(args.out, params, args.workers)
     except (ValueError, FileExistsError) as exc:
-        print(f"meshtrace generate: {exc}", file=sys.stderr)
+        say(f"meshtrace generate: {exc}")
         return 2
     rate = manifest["events"] / manifest["seconds"] if manifest["seconds"] else 0
     print(f"{manifest['events']} events in {manifest['seconds']:.1f} s ({rate:,.0f}/s) -> {args.out / 'events'}")
     for injection in manifest["injections"]:
         print(f"  injected {injection['kind']:<26} {injection['invariant']:<24} {injection['key']}")
     for injection in manifest["dropped_injections"]:
-        print(f"  NOT injected {injection['kind']} (no eligible send, or the trace ended first)", file=sys.stderr)
+        say(f"  NOT injected {injection['kind']} (no eligible send, or the trace ended first)")
     return 0
 
 
@@ -245,17 +249,22 @@ def _check(args: argparse.Namespace, prog: str = "meshtrace check") -> int:
     from .inputs import InputError
 
     if args.conf and args.engine != "spark":
-        print(f"{prog}: --conf sets Spark's settings (and Hadoop's); --engine {args.engine} takes none",
-              file=sys.stderr)
+        say(f"{prog}: --conf sets Spark's settings (and Hadoop's); --engine {args.engine} takes none")
+        return 2
+    if args.report is not None and (not args.report.strip() or args.report.endswith("/")):
+        say(f"{prog}: --report {args.report!r}: give the report's file name (a path or URI)")
         return 2
     try:
         report, write = _run_check(args)
         document = report.as_dict()
-        _print_report(document)  # first: a report file that cannot be written does not hide the result
+        # first: a report file that cannot be written does not hide the result; a closed stdout (`| head`, on which
+        # rich raises SystemExit(1)) does not stop the report or change the exit code
+        with contextlib.suppress(BrokenPipeError, SystemExit):
+            _print_report(document)
         if args.report:
             write(args.report, json.dumps(document, indent=2, default=str) + "\n")
     except InputError as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
+        say(f"{prog}: {exc}")
         return 2
     return _verdict(prog, report.events, report.invalid_reasons, args.tolerate, ", ".join(args.paths),
                     1 if report.violations else 0)
@@ -298,11 +307,11 @@ def _verdict(prog: str, events: int, reasons: dict[str, int], tolerate: str | No
     count = sum(reasons.values())
     if not tolerated(reasons, tolerate):
         shown = ", ".join(f"{n} {reason}" for reason, n in sorted(reasons.items()))
-        print(f"{prog}: {count} invalid event(s) ({shown}); see spark_checks/README.md, "
-              "'Input validity' (--tolerate torn-tail | invalid for known-dirty traces)", file=sys.stderr)
+        say(f"{prog}: {count} invalid event(s) ({shown}); see spark_checks/README.md, "
+              "'Input validity' (--tolerate torn-tail | invalid for known-dirty traces)")
         return 2
     if not events:
-        print(f"{prog}: no valid trace events in {where}", file=sys.stderr)
+        say(f"{prog}: no valid trace events in {where}")
         return 2
     return otherwise
 
@@ -314,7 +323,7 @@ def _validate(args: argparse.Namespace) -> int:
     try:
         events, invalid, reasons = validate(args.paths)
     except InputError as exc:
-        print(f"meshtrace validate: {exc}", file=sys.stderr)
+        say(f"meshtrace validate: {exc}")
         return 2
     for entry in invalid:
         print(f"{entry['where']}: {entry['reason']}: {entry['message']}")
@@ -395,13 +404,13 @@ def _convert(args: argparse.Namespace) -> int:
             valid, listed, reasons = fmt.validate_table(table, shared=fmt.shared_positions(trace.parquet_files))
             events, invalid = valid.num_rows, [entry for _, entry in listed]
     except InputError as exc:
-        print(f"meshtrace convert: {exc}", file=sys.stderr)
+        say(f"meshtrace convert: {exc}")
         return 2
     for entry in invalid[:20]:
-        print(f"{entry['where']}: {entry['reason']}: {entry['message']}", file=sys.stderr)
+        say(f"{entry['where']}: {entry['reason']}: {entry['message']}")
     code = _verdict("meshtrace convert", events, reasons, args.tolerate, ", ".join(args.paths), 0)
     if code:
-        print("meshtrace convert: nothing written", file=sys.stderr)
+        say("meshtrace convert: nothing written")
         return code
     if args.to == "parquet":
         fmt.write_dataset(fmt.rows_to_table(read.rows), out, args.buckets)

@@ -276,7 +276,7 @@ def write_jsonl(root: Path, out: Path) -> int:
 
     Holds the dataset in memory: meant for small traces (tests, inspection).
     """
-    return write_jsonl_table(pq.read_table(dataset_path(root), schema=FLAT_SCHEMA), out)
+    return write_jsonl_table(read_table(dataset_path(root), schema=FLAT_SCHEMA), out)
 
 
 def write_jsonl_table(table: pa.Table, out: Path) -> int:
@@ -294,9 +294,20 @@ def write_jsonl_table(table: pa.Table, out: Path) -> int:
     return table.num_rows
 
 
+def read_table(source: Any, **options: Any) -> pa.Table:
+    """``pq.read_table``; a file whose pages cannot be read (a corrupt page behind an intact footer) is an
+    ``inputs.InputError``, as an unreadable footer is."""
+    from .inputs import InputError
+
+    try:
+        return pq.read_table(source, **options)
+    except (OSError, pa.ArrowException) as exc:
+        raise InputError(f"{source}: not a readable Parquet file ({str(exc).splitlines()[0]})") from None
+
+
 def read_files(files: Iterable[str]) -> pa.Table:
     """Parquet files (of ``FLAT_SCHEMA``'s columns) as one table."""
-    tables = [pq.read_table(f, schema=FLAT_SCHEMA) for f in files]
+    tables = [read_table(f, schema=FLAT_SCHEMA) for f in files]
     return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
 
 
@@ -333,7 +344,7 @@ def read_bucket(directory: Path, columns: list[str] | None = None) -> pa.Table:
     if not files:
         return FLAT_SCHEMA.empty_table() if columns is None else pa.schema(
             [FLAT_SCHEMA.field(c) for c in columns]).empty_table()
-    tables = [pq.read_table(f, columns=columns) for f in files]
+    tables = [read_table(f, columns=columns) for f in files]
     return pa.concat_tables(tables, promote_options="default") if len(tables) > 1 else tables[0]
 
 
@@ -385,7 +396,7 @@ def split_subjects(groups: dict[str, list[str]]) -> bool:
     parts = []
     for k, name in enumerate(sorted(groups)):
         for f in groups[name]:
-            table = pq.read_table(f, columns=columns, schema=FLAT_SCHEMA).select(columns)
+            table = read_table(f, columns=columns, schema=FLAT_SCHEMA).select(columns)
             parts.append(table.append_column("group", pa.array([k] * table.num_rows, pa.int32())))
     table = pa.concat_tables(parts)
     for key in SUBJECT_KEYS:
@@ -414,7 +425,7 @@ def shared_positions(files: Iterable[str]) -> set[tuple[str, int]]:
     for k in range(passes):
         parts = []
         for f in files:
-            pairs = pq.read_table(f, columns=["node", "line"], schema=FLAT_SCHEMA).select(["node", "line"])
+            pairs = read_table(f, columns=["node", "line"], schema=FLAT_SCHEMA).select(["node", "line"])
             keep = pc.and_kleene(pc.is_valid(pairs["node"]), pc.greater_equal(pairs["line"], 0))
             if passes > 1:
                 remainder = pc.subtract(pairs["line"], pc.multiply(pc.divide(pairs["line"], passes), passes))

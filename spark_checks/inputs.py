@@ -73,7 +73,8 @@ def local(text: str, engine: str) -> str:
         return text
     path = file_uri_path(text)
     if path is None:
-        raise InputError(f"the {engine} engine reads local paths and file:// URIs only, not {text} "
+        where = "the report is written to" if engine == "report" else f"the {engine} engine reads"
+        raise InputError(f"{where} local paths and file:// URIs only, not {text} "
                          "(use --engine spark for Hadoop filesystems)")
     return path
 
@@ -130,11 +131,13 @@ class HadoopFS:
         """Hadoop's exceptions about ``text`` (no filesystem for its scheme, one it cannot set up or reach, a denied
         or failed operation) as ``InputError``: the input is unusable, which is no verdict about it."""
         from py4j.protocol import Py4JJavaError
+        from pyspark.errors.exceptions.captured import CapturedException
 
         try:
             yield
-        except Py4JJavaError as exc:
-            message = str(exc.java_exception.toString()).splitlines()[0]
+        except (Py4JJavaError, CapturedException) as exc:  # PySpark turns some Java exceptions into its own
+            java = exc.java_exception if isinstance(exc, Py4JJavaError) else getattr(exc, "_origin", None)
+            message = (str(exc) if java is None else str(java.toString())).splitlines()[0]
             raise InputError(f"{text}: Hadoop cannot {doing} it: {message} (a filesystem's settings are given as "
                              f"--conf spark.hadoop.KEY=VALUE)") from None
 
@@ -143,8 +146,8 @@ class HadoopFS:
         three characters); a local ``file:`` URI names the path its percent-escapes decode to, as ``LocalFS`` reads
         it, so every engine reads (and writes) the same file. Call it inside ``failing``."""
         decoded = file_uri_path(text) if has_scheme(text) else None
-        if decoded is not None:
-            path = self.jvm.org.apache.hadoop.fs.Path("file", None, decoded)
+        if decoded is not None:  # relative (file:x) as the local engines read it: from the working directory
+            path = self.jvm.org.apache.hadoop.fs.Path("file", None, os.path.abspath(decoded))
         else:
             path = self.jvm.org.apache.hadoop.fs.Path(text)
         return path.getFileSystem(self.conf), path
@@ -258,13 +261,19 @@ def write_local(target: str, text: str) -> None:
     path = local(target, "report")
     directory = os.path.dirname(path)
     try:
+        if os.path.exists(path) and not os.path.isfile(path):  # a directory, or a FIFO that would block
+            raise InputError(f"{target}: cannot write it: not a regular file")
         if directory:
             os.makedirs(directory, exist_ok=True)
         with open(path, "w", encoding="utf-8") as handle:
             handle.write(text)
+    except FileExistsError as exc:  # makedirs met a file where a directory belongs
+        raise InputError(f"{target}: cannot write it: {exc.filename} is not a directory") from None
     except OSError as exc:
         where = f" ({exc.filename})" if exc.filename not in (None, path) else ""
         raise InputError(f"{target}: cannot write it: {exc.strerror or exc}{where}") from None
+    except ValueError as exc:  # a NUL byte
+        raise InputError(f"{target}: cannot write it: {exc}") from None
 
 
 def write_hadoop(spark: Any, target: str, text: str) -> None:

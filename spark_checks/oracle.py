@@ -32,7 +32,6 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from . import format as fmt
 from .catalogue import (
@@ -217,7 +216,7 @@ def _buckets(trace: Trace, invalid: _Invalid) -> Iterator[pa.Table]:
     # a node's rows span buckets, files and datasets: the positions two rows hold are found over the whole trace first
     shared = fmt.shared_positions(trace.parquet_files)
     for directory in sorted(by_directory):
-        tables = [pq.read_table(f, schema=fmt.FLAT_SCHEMA) for f in sorted(by_directory[directory])]
+        tables = [fmt.read_table(f, schema=fmt.FLAT_SCHEMA) for f in sorted(by_directory[directory])]
         table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
         valid, listed, reasons = fmt.validate_table(table, shared=shared)
         invalid.add(listed, reasons)
@@ -836,7 +835,7 @@ def load_rows(trace: Trace | str | Path | list[str] | list[Path], wanted: set[tu
         return found
     nodes = sorted({node for node, _ in wanted})
     for path in trace.parquet_files:
-        table = pq.read_table(path, schema=fmt.FLAT_SCHEMA, filters=[("node", "in", nodes)])
+        table = fmt.read_table(path, schema=fmt.FLAT_SCHEMA, filters=[("node", "in", nodes)])
         if table.num_rows == 0:
             continue
         valid, _, _ = fmt.validate_table(table)

@@ -187,6 +187,12 @@ def build_session(master: str | None = DEFAULT_MASTER, app_name: str = "meshtrac
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel(os.environ.get("MESHTRACE_SPARK_LOG", "ERROR"))
+    if "MESHTRACE_SPARK_LOG" not in os.environ:
+        # A generated method over Java's 64 KB is logged at ERROR with its whole source, then run without whole-stage
+        # code generation: an expected fallback (the JSONL read), not an error of the check.
+        jvm = session._jvm
+        jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(
+            "org.apache.spark.sql.catalyst.expressions.codegen.CodeGenerator", jvm.org.apache.logging.log4j.Level.OFF)
     for key, value in SQL_CONF.items():  # a session that already existed keeps its launch settings, not these
         session.conf.set(key, value)
     return session

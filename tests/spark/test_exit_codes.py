@@ -1,4 +1,5 @@
-"""The exit codes when Hadoop cannot open, read or write a URI, and of a run that fails.
+"""``meshtrace check``'s exit codes when its input or its report cannot be used (2, after printing the result when
+the check ran), when a run fails (3), never 1 (violations found) and never a traceback for unusable input.
 
 ``viewfs://`` is Hadoop's own mount-table filesystem, shipped with Spark: a scheme only Hadoop resolves. A check
 through it, set up with ``--conf spark.hadoop.KEY=VALUE`` as an ``s3a://`` bucket's endpoint would be, is
@@ -7,6 +8,9 @@ through it, set up with ``--conf spark.hadoop.KEY=VALUE`` as an ``s3a://`` bucke
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,8 +19,8 @@ from trace_testkit import make_trace
 from spark_checks.cli import main as meshtrace
 from spark_checks.oracle import Oracle
 
-pytestmark = pytest.mark.spark
-
+MESH = Path(__file__).resolve().parents[2] / "fixtures" / "traces" / "mesh"
+ENGINES = ("oracle", "duckdb")
 
 
 def mount(table: str, root: Path) -> str:
@@ -24,6 +28,7 @@ def mount(table: str, root: Path) -> str:
     return f"fs.viewfs.mounttable.{table}.link./data=file://{root}"
 
 
+@pytest.mark.spark
 def test_what_hadoop_cannot_open_read_or_write_exits_2(spark, tmp_path: Path, capsys):
     make_trace(tmp_path, "t", seed=22, events=500, daemons=2)
     key, value = mount("ok", tmp_path).split("=", 1)
@@ -51,21 +56,58 @@ def test_what_hadoop_cannot_open_read_or_write_exits_2(spark, tmp_path: Path, ca
     assert f"meshtrace check: {report}: Hadoop cannot write it: " in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("engine", ["oracle", "duckdb"])
+@pytest.mark.parametrize("engine", ENGINES)
 def test_spark_settings_are_refused_and_an_unwritable_report_exits_2(engine: str, tmp_path: Path, capsys):
     trace, _ = make_trace(tmp_path, "t", seed=23, events=300, daemons=2)
     (tmp_path / "a-file").write_text("")
-    for report, says in ((tmp_path, "Is a directory"),
-                         (tmp_path / "a-file" / "r.json", f"File exists ({tmp_path / 'a-file'})")):
+    os.mkfifo(tmp_path / "fifo")  # opening it to write would wait for a reader for ever
+    for report, says in ((tmp_path, "not a regular file"), (tmp_path / "fifo", "not a regular file"),
+                         (tmp_path / "a-file" / "r.json", f"{tmp_path / 'a-file'} is not a directory"),
+                         (f"file://{tmp_path}/a%00b.json", "embedded null byte")):
         assert meshtrace(["check", str(trace), "--engine", engine, "--report", str(report)]) == 2
         captured = capsys.readouterr()
         assert f"meshtrace check: {report}: cannot write it: {says}" in captured.err
         assert "Traceback" not in captured.err and "300 events" in captured.out
+    for report in ("", " ", f"{tmp_path}/new/"):  # refused before the check runs
+        assert meshtrace(["check", str(trace), "--engine", engine, "--report", report]) == 2
+        assert capsys.readouterr().err == f"meshtrace check: --report {report!r}: give the report's file name " \
+                                          "(a path or URI)\n"
+    assert not (tmp_path / "new").exists()
     assert meshtrace(["check", str(trace), "--engine", engine, "--conf", "spark.x=1"]) == 2
     assert f"--engine {engine} takes none" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exited:
         meshtrace(["check", str(trace), "--engine", engine, "--conf", "no-equals-sign"])
     assert exited.value.code == 2
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_corrupt_page_behind_an_intact_footer_is_unreadable_input(engine: str, tmp_path: Path, capsys):
+    from spark_checks import format as fmt
+
+    fmt.convert_jsonl(sorted(MESH.glob("*.jsonl")), tmp_path / "t" / "events")
+    part = sorted((tmp_path / "t" / "events").rglob("*.parquet"))[0]
+    data = bytearray(part.read_bytes())
+    data[4:68] = b"\xff" * 64  # the first column chunk's page header; the footer (at the end) is untouched
+    part.write_bytes(bytes(data))
+    assert meshtrace(["check", str(tmp_path / "t"), "--engine", engine]) == 2
+    err = capsys.readouterr().err
+    assert "not a readable Parquet file (" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_closed_stdout_or_stderr_changes_no_exit_code(engine: str, tmp_path: Path):
+    """``meshtrace check … | head`` closes the pipe: the report is still written and the exit code is the verdict's,
+    not rich's SystemExit(1); with stderr on a full device an unusable input still exits 2."""
+    meshtrace_bin = Path(sys.executable).parent / "meshtrace"
+    report = tmp_path / "r.json"
+    process = subprocess.Popen([str(meshtrace_bin), "check", str(MESH), "--engine", engine, "--report",
+                                str(report)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    process.stdout.close()
+    assert process.wait(timeout=120) == 0 and report.exists()
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([str(meshtrace_bin), "check", str(tmp_path / "missing"), "--engine", engine],
+                              stdout=subprocess.DEVNULL, stderr=full, timeout=120)
+    assert done.returncode == 2
 
 
 def test_a_run_that_fails_exits_3_not_1(tmp_path: Path, capsys, monkeypatch):
