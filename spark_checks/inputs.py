@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -113,8 +114,11 @@ class LocalFS:
 
     @staticmethod
     def identity(location: str) -> str:
-        """What two names of one file share: its device and inode (symbolic and hard links, ``..``, any spelling)."""
+        """What two names of one file share: its device and inode (symbolic and hard links, ``..``, any spelling).
+        A trace file must be a regular file: reading a FIFO would wait for a writer."""
         found = os.stat(location)
+        if not stat.S_ISREG(found.st_mode):
+            raise InputError(f"{location}: not a regular file (a FIFO, device or socket is not a trace file)")
         return f"{found.st_dev}:{found.st_ino}"
 
 
@@ -185,6 +189,26 @@ class HadoopFS:
         (so every engine reads a hard-linked file once), else its qualified URI."""
         path = file_uri_path(location)
         return location if path is None else LocalFS.identity(path)
+
+
+@contextlib.contextmanager
+def spark_read_failures() -> Iterator[None]:
+    """A Spark job that failed reading a trace file (``FAILED_READ_FILE``: a corrupt Parquet page behind an intact
+    footer, a file gone or changed since it was listed) as ``InputError``, as the other engines report it."""
+    from py4j.protocol import Py4JJavaError
+    from pyspark.errors.exceptions.captured import CapturedException
+
+    try:
+        yield
+    except (Py4JJavaError, CapturedException) as exc:
+        text = str(exc)
+        failed = re.search(r"\[FAILED_READ_FILE[.A-Z_]*\] Encountered error while reading file (\S+?)\.?\s", text)
+        if failed is None:
+            raise
+        causes = re.findall(r"Caused by: ([^\n]+)", text)
+        what = "Parquet file" if failed.group(1).endswith(".parquet") else "file"
+        raise InputError(f"{failed.group(1)}: not a readable {what} ({causes[-1] if causes else 'Spark failed'})"
+                         ) from None
 
 
 def _hidden(relative: str) -> bool:

@@ -149,6 +149,14 @@ class SparkChecker:
 
     # --- the run ------------------------------------------------------------------------------------------------
     def check(self, paths: Path | str | list[Path] | list[str]) -> Report:
+        """The report of the catalogue over ``paths``. Raises ``inputs.InputError`` for unusable input, a file Spark
+        fails to read included."""
+        from spark_checks.inputs import spark_read_failures
+
+        with spark_read_failures():
+            return self._check(paths)
+
+    def _check(self, paths: Path | str | list[Path] | list[str]) -> Report:
         from pyspark.sql import Window
         from pyspark.sql import functions as F
 

@@ -81,7 +81,20 @@ def test_spark_settings_are_refused_and_an_unwritable_report_exits_2(engine: str
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_a_corrupt_page_behind_an_intact_footer_is_unreadable_input(engine: str, tmp_path: Path, capsys):
+def test_a_trace_file_that_is_not_a_regular_file_exits_2(engine: str, tmp_path: Path, capsys):
+    os.mkfifo(tmp_path / "n.jsonl")  # reading it would wait for a writer for ever
+    (tmp_path / "dir").mkdir()
+    os.mkfifo(tmp_path / "dir" / "n.jsonl")
+    for argument in (tmp_path / "n.jsonl", tmp_path / "dir"):
+        assert meshtrace(["check", str(argument), "--engine", engine]) == 2
+        assert "n.jsonl: not a regular file (a FIFO, device or socket is not a trace file)" in \
+               capsys.readouterr().err
+
+
+@pytest.mark.parametrize("engine", [*ENGINES, pytest.param("spark", marks=pytest.mark.spark)])
+def test_a_corrupt_page_behind_an_intact_footer_is_unreadable_input(engine: str, request, tmp_path: Path, capsys):
+    if engine == "spark":
+        request.getfixturevalue("spark")  # the shared session
     from spark_checks import format as fmt
 
     fmt.convert_jsonl(sorted(MESH.glob("*.jsonl")), tmp_path / "t" / "events")
@@ -89,9 +102,10 @@ def test_a_corrupt_page_behind_an_intact_footer_is_unreadable_input(engine: str,
     data = bytearray(part.read_bytes())
     data[4:68] = b"\xff" * 64  # the first column chunk's page header; the footer (at the end) is untouched
     part.write_bytes(bytes(data))
-    assert meshtrace(["check", str(tmp_path / "t"), "--engine", engine]) == 2
+    assert meshtrace(["check", str(tmp_path / "t"), "--engine", engine, "--master", "local[2]"]) == 2
     err = capsys.readouterr().err
-    assert "not a readable Parquet file (" in err and "Traceback" not in err
+    named = "" if engine == "duckdb" else f"{part.name}: "  # DuckDB's error does not say which file
+    assert f"{named}not a readable Parquet file (" in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("engine", ENGINES)
