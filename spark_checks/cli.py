@@ -308,7 +308,7 @@ def _verdict(prog: str, events: int, reasons: dict[str, int], tolerate: str | No
     if not tolerated(reasons, tolerate):
         shown = ", ".join(f"{n} {reason}" for reason, n in sorted(reasons.items()))
         say(f"{prog}: {count} invalid event(s) ({shown}); see spark_checks/README.md, "
-              "'Input validity' (--tolerate torn-tail | invalid for known-dirty traces)")
+            "'Input validity' (--tolerate torn-tail | invalid for known-dirty traces)")
         return 2
     if not events:
         say(f"{prog}: no valid trace events in {where}")
