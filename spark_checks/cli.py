@@ -254,6 +254,10 @@ def _check(args: argparse.Namespace, prog: str = "meshtrace check") -> int:
     if args.report is not None and (not args.report.strip() or args.report.endswith("/")):
         say(f"{prog}: --report {args.report!r}: give the report's file name (a path or URI)")
         return 2
+    clash = _report_clash(args.report, args.paths) if args.report else None
+    if clash:
+        say(f"{prog}: --report {args.report}: {clash}; write the report elsewhere")
+        return 2
     try:
         report, write = _run_check(args)
         document = report.as_dict()
@@ -268,6 +272,28 @@ def _check(args: argparse.Namespace, prog: str = "meshtrace check") -> int:
         return 2
     return _verdict(prog, report.events, report.invalid_reasons, args.tolerate, ", ".join(args.paths),
                     1 if report.violations else 0)
+
+
+def _report_clash(report: str, paths: list[str]) -> str | None:
+    """Why ``report`` would damage the trace it reports on: a trace file's name (it would overwrite one, or be read
+    as one next time), or a place inside a trace directory (the next check would refuse the stray file)."""
+    if report.endswith((".jsonl", ".parquet")):
+        return "a trace file's name (.jsonl, .parquet)"
+    from .inputs import file_uri_path, has_scheme
+
+    def local(text: str) -> str | None:  # the real local path text names (None for another filesystem's URI)
+        path = file_uri_path(text) if has_scheme(text) else text
+        try:
+            return None if path is None else os.path.realpath(path)
+        except ValueError:  # a NUL byte: the write says so
+            return None
+
+    target = local(report)
+    for path in paths:
+        directory = local(path)
+        if target and directory and os.path.isdir(directory) and target.startswith(directory.rstrip("/") + "/"):
+            return f"inside the trace directory {path}"
+    return None
 
 
 def _run_check(args: argparse.Namespace):

@@ -73,6 +73,18 @@ def test_spark_settings_are_refused_and_an_unwritable_report_exits_2(engine: str
         assert capsys.readouterr().err == f"meshtrace check: --report {report!r}: give the report's file name " \
                                           "(a path or URI)\n"
     assert not (tmp_path / "new").exists()
+    events = trace / "events"
+    part = next(events.rglob("*.parquet"))
+    for report, says in ((part, "a trace file's name (.jsonl, .parquet)"),
+                         (tmp_path / "r.jsonl", "a trace file's name (.jsonl, .parquet)"),
+                         (events / "r.json", f"inside the trace directory {trace}"),
+                         (f"file://{events}/b/r.json", f"inside the trace directory {trace}")):
+        before = part.read_bytes()
+        assert meshtrace(["check", str(trace), "--engine", engine, "--report", str(report)]) == 2
+        assert capsys.readouterr().err == f"meshtrace check: --report {report}: {says}; write the report " \
+                                          "elsewhere\n"
+        assert part.read_bytes() == before and not (events / "r.json").exists()
+    assert meshtrace(["check", str(trace), "--engine", engine, "--report", str(tmp_path / "beside.json")]) == 0
     assert meshtrace(["check", str(trace), "--engine", engine, "--conf", "spark.x=1"]) == 2
     assert f"--engine {engine} takes none" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exited:
