@@ -21,6 +21,9 @@ from .fingerprint import (
     meta_canonical,
     request_fingerprint,
 )
+from .hooks import HookRun, HookRunError, HookStep, reply_client_message_id
+from .hooks import apply as hook_apply
+from .hooks import enqueue as hook_enqueue
 from .ipc import IpcDecision, decide_send
 from .maxage import MaxAge, MaxAgeError, derive
 from .outbox import (
@@ -48,6 +51,9 @@ __all__ = [
     "Destination",
     "DestinationError",
     "FingerprintInput",
+    "HookRun",
+    "HookRunError",
+    "HookStep",
     "IpcDecision",
     "MaxAge",
     "MaxAgeError",
@@ -76,6 +82,8 @@ __all__ = [
     "derive",
     "exit_code",
     "fingerprint_prefix",
+    "hook_apply",
+    "hook_enqueue",
     "is_client_message_id",
     "is_expired",
     "meta_canonical",
@@ -83,6 +91,7 @@ __all__ = [
     "new_row",
     "parse_destination",
     "parse_send",
+    "reply_client_message_id",
     "request_fingerprint",
     "settle",
     "validate_send",

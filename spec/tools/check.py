@@ -36,6 +36,7 @@ from spec.tools.implementation import Core
 
 TABLE_SCHEMAS = {
     "outbox": "tables/outbox",
+    "hook_runs": "tables/hook_runs",
     "ipc_lookup": "tables/ipc_lookup",
     "broker_accept": "tables/broker_accept",
     "features": "tables/features",

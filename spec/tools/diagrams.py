@@ -32,7 +32,7 @@ from spec.decision import DecisionTable
 __all__ = ["TARGET", "blocks", "cli", "problems", "render"]
 
 TARGET = "STATE_MACHINES.md"
-ORDER = ("outbox", "ipc_lookup", "broker_accept")
+ORDER = ("outbox", "hook_runs", "ipc_lookup", "broker_accept")
 INITIAL_STATE = "none"
 BLOCK = re.compile(
     r"<!-- BEGIN GENERATED: (?P<id>[A-Za-z0-9_.-]+) -->\n(?P<body>.*?)<!-- END GENERATED: (?P=id) -->\n?", re.S

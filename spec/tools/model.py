@@ -667,6 +667,10 @@ def compare_with_tlc(tlc: TlcResult, result: Result) -> tuple[int, list[str]]:
 
 def cli(argv: list[str], core: Core) -> int:
     """`meshd spec model-check [--quick|--full] [--keys N] [--max-attempts N] [--max-crashes N] [--tla2tools JAR]`."""
+    if "--hooks" in argv:  # the hook-run model (spec.tools.hook_model) instead of the outbox's
+        from spec.tools import hook_model
+
+        return hook_model.cli([a for a in argv if a != "--hooks"], core)
     parser = argparse.ArgumentParser(prog="meshd spec model-check",
                                      description="Explore the outbox + broker dedupe model built from spec/tables.")
     size = parser.add_mutually_exclusive_group()
@@ -680,6 +684,7 @@ def cli(argv: list[str], core: Core) -> int:
     parser.add_argument("--tla2tools", default=os.environ.get("TLA2TOOLS_JAR"),
                         help="also run TLC from this tla2tools.jar (default: $TLA2TOOLS_JAR)")
     parser.add_argument("--tlc-timeout", type=float, default=None, help="seconds")
+    parser.add_argument("--hooks", action="store_true", help="the hook-run model instead (spec/tools/hook_model.py)")
     args = parser.parse_args(argv)
     params = ModelParams.quick() if args.quick else ModelParams.full() if args.full else ModelParams()
     overrides = {name: getattr(args, name) for name in ("keys", "spare", "max_attempts", "max_crashes", "max_states")
