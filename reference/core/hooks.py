@@ -107,5 +107,6 @@ def reply_client_message_id(message: str, hook: str) -> str:
     different for any other pair (sha256 over the two, joined by a 0x00 byte that neither may hold)."""
     if not message or not hook or "\x00" in message or "\x00" in hook:
         raise ValueError("a reply id needs a non-empty message id and hook name without NUL")
+    # req: HOOK-REPLY-ID
     digest = hashlib.sha256(message.encode() + b"\x00" + hook.encode()).hexdigest()
     return REPLY_ID_PREFIX + digest[:40]

@@ -154,12 +154,15 @@ def _send_json(resp: falcon.Response, status: int, body: dict[str, Any]) -> None
 class Version:
     def __init__(self, ctx: DaemonContext):
         self.ctx = ctx
+        hooks = (ctx.config.get("hooks") or {}).get("enabled", False)
+        # E-48: a daemon that runs hooks says so, and a harness skips its hook cases for one that does not
+        self._features = [*IPC_FEATURES, "hooks"] if hooks else IPC_FEATURES
 
     def on_get(self, req, resp):
         negotiated = self.ctx.link.state.negotiated
         _send_json(resp, 200, {
             # req: API-VERSION
-            "daemon_version": SPEC_VERSION, "ipc_api": IPC_API, "ipc_features": IPC_FEATURES,
+            "daemon_version": SPEC_VERSION, "ipc_api": IPC_API, "ipc_features": self._features,
             "schema_version": self.ctx.schema_version, "broker_features_negotiated": sorted(negotiated),
             "broker_feature_params": {bit: dict(params) for bit, params in sorted(negotiated.items())},
         })

@@ -102,6 +102,15 @@ KEYS: dict[str, dict[str, tuple[Any, type | tuple[type, ...], str]]] = {
     "trace": {
         "dir": ("", str, "write JSONL trace events here (also --trace-dir)"),
     },
+    "hooks": {
+        # req: HOOK-CI-OFF -- off unless opted in
+        "enabled": (False, bool, "run the hooks of hooks.toml on inbound messages (§6; off by default, CI included)"),
+        "dir": ("hooks", str, "the folder of hooks.toml and the hook scripts; relative to the state directory"),
+        "concurrency": (limit("hook_concurrency"), int, "hook processes run at once"),
+        "default_timeout_s": (limit("hook_timeout_s"), (int, float), "a hook's timeout when hooks.toml sets none"),
+        "max_claims": (limit("hook_max_claims"), int,
+                       "claims of one run before it fails; a claim lost to a crash runs the hook again (E-48)"),
+    },
 }
 
 
@@ -172,6 +181,12 @@ def _validate(values: dict[str, dict[str, Any]]) -> None:
     for key in ("header_read_s", "body_read_s", "write_s"):
         if not 0 < ipc[key] <= 600:
             raise ConfigError(f"ipc.{key} must be more than 0 and at most 600 seconds")
+    hooks = values["hooks"]
+    for key in ("concurrency", "max_claims"):
+        if not 1 <= hooks[key] <= 256:
+            raise ConfigError(f"hooks.{key} must be from 1 to 256")
+    if not 0 < hooks["default_timeout_s"] <= 3600:
+        raise ConfigError("hooks.default_timeout_s must be more than 0 and at most 3600 seconds")
     _validate_features(values["features"])
 
 

@@ -37,6 +37,7 @@ from .app import DaemonContext, create_app
 from .committer import GroupCommitter
 from .config import Config
 from .events import EventBus
+from .hooks import Hook, HookRunner, HooksConfigError, load_hooks, matching, outbox_reply
 from .link import BrokerLink
 from .metrics import DaemonMetrics
 from .problems import Problem
@@ -51,6 +52,8 @@ from .store import (
     SchemaTooNew,
     StoreError,
 )
+from .store.hook_runs import HookRuns
+from .store.hook_runs import enqueue as enqueue_runs
 
 log = logging.getLogger("meshd")
 WATCHDOG_S = 1.0
@@ -201,12 +204,23 @@ def preflight(state_dir: Path, config: Config, components: Components | None = N
                     trace_store_item(trace, config["daemon"]["mesh"], transition)
             finally:
                 trace.close()
+    if config["hooks"]["enabled"]:
+        try:
+            hooks = load_hooks(hooks_folder(state_dir, config), float(config["hooks"]["default_timeout_s"]))
+        except HooksConfigError as exc:
+            raise PreflightError("invalid_config", str(exc)) from exc
+        notes.append(f"hooks: {', '.join(hook.name for hook in hooks) or 'none enabled'}")
     try:
         open_inbox(parts, files.inbox_db, clock).close()
     except (sqlite3.Error, OSError, StoreError) as exc:
         raise PreflightError("error", f"{files.inbox_db} cannot be opened ({type(exc).__name__}: {exc}); "
                              "move it aside and start again (a fresh inbox is created)") from exc
     return notes
+
+
+def hooks_folder(state_dir: Path, config: Config | dict) -> Path:
+    """The folder of hooks.toml and the hook scripts: ``[hooks] dir``, relative to the state directory."""
+    return state_dir / config["hooks"]["dir"]
 
 
 def open_inbox(parts: Components, path: Path, clock: WallClock) -> InboxStore:
@@ -247,8 +261,11 @@ class Runtime:
         self.bus = parts.event_bus(self.inbox, int(config["ipc"]["max_streams"]), float(config["ipc"]["keepalive_s"]),
                                    trace=self.trace, clock=self.clock)
         self.metrics = DaemonMetrics(self.outbox)
+        self.hooks = (load_hooks(hooks_folder(state_dir, config), float(config["hooks"]["default_timeout_s"]))
+                      if config["hooks"]["enabled"] else None)
+        self.receiver = InboxReceiver(self.inbox, self.bus, self.hooks, self.clock.ms)
         self.link = parts.broker_link(config=config.values, keypair=self.keypair, outbox=self.outbox,
-                                      inbox=InboxReceiver(self.inbox, self.bus), publish=self.bus.publish,
+                                      inbox=self.receiver, publish=self.bus.publish,
                                       on_fatal=self._fatal, metrics=self.metrics, trace=self.trace, clock=self.clock)
         self.metrics.link = self.link
         self.link.state.quarantined = self.inbox.quarantine_count()
@@ -261,12 +278,23 @@ class Runtime:
                                  schema_version=self.outbox.schema_version + self.inbox.schema_version)
         self.app = parts.create_app(self.ctx, self.requeue)
         self._closed = threading.Event()
+        self.hook_runner: HookRunner | None = None
+        if self.hooks is not None:
+            submit = outbox_reply(self.ctx.parse_send, self.committer.submit, self.ctx.mint_id, self.clock.ms,
+                                  self.link.wake)
+            self.hook_runner = HookRunner(
+                HookRuns(self.inbox, int(config["hooks"]["max_claims"])), self.hooks, hooks_folder(state_dir, config),
+                inbox_row=self.inbox.by_seq, submit_reply=submit, mesh=config["daemon"]["mesh"],
+                socket_path=str(files.socket), clock_ms=self.clock.ms, concurrency=int(config["hooks"]["concurrency"]))
+            self.receiver.runner = self.hook_runner
 
     def _trace_store(self, item: Any) -> None:
         trace_store_item(self.trace, self.config["daemon"]["mesh"], item)
 
     def start(self, stop_master: Callable[[], None] | None = None) -> None:
         self._stop_master = stop_master
+        if self.hook_runner is not None:
+            self.hook_runner.start()
         self.link.start()
         threading.Thread(target=self._watch_link, name="meshd-link-watchdog", daemon=True).start()
 
@@ -294,6 +322,8 @@ class Runtime:
         if self.ctx.draining.is_set():
             return
         self.ctx.draining.set()
+        if self.hook_runner is not None:
+            self.hook_runner.stop()
         self.bus.close()
         # req: LIFE-DRAIN
         self.link.drain_and_stop(float(self.config["daemon"]["drain_timeout_s"]))
@@ -344,9 +374,13 @@ def requeue(outbox: OutboxStore, outbox_id: str, new_client_message_id: str | No
 class InboxReceiver:
     """Turns a broker ``push`` into an inbox row and its ``message`` event, in one transaction."""
 
-    def __init__(self, inbox: InboxStore, bus: EventBus):
+    def __init__(self, inbox: InboxStore, bus: EventBus, hooks: list[Hook] | None = None,
+                 clock_ms: Callable[[], int] = lambda: 0):
         self.inbox = inbox
         self.bus = bus
+        self.hooks = hooks or []
+        self.clock_ms = clock_ms
+        self.runner: HookRunner | None = None  # woken when a stored message has runs
 
     def receive(self, frame: dict[str, Any], mesh: str, now_ms: int,
                 traced: Callable[[dict[str, Any] | None], None] | None = None) -> dict[str, Any] | None:
@@ -360,7 +394,15 @@ class InboxReceiver:
             meta=frame.get("meta") or None, reply_to_id=frame.get("replyToId") or None,
             delivery_id=frame.get("delivery_id"),
         )
-        stored = self.inbox.insert_with_event(message, message_payload)
+        runs: list[str] = []
+
+        def with_row(conn: sqlite3.Connection, row: InboxRow) -> None:
+            runs.extend(enqueue_runs(conn, row, matching(self.hooks, row), self.clock_ms()))
+
+        # req: HOOK-INBOX-FIRST -- a message's hook runs are written in the transaction that stores it (§5)
+        stored = self.inbox.insert_with_event(message, message_payload, with_row=with_row if self.hooks else None)
+        if runs and self.runner is not None:
+            self.runner.notify()
         inserted = None if stored is None else {"seq": stored[0].seq, "id": stored[0].id}
         if traced is not None:
             traced(inserted)

@@ -222,9 +222,11 @@ class InboxStore(SqliteStore):
         message: InboxMessage,
         payload: Callable[[InboxRow], Mapping[str, Any]] = message_event_payload,
         event_name: str = "message",
+        with_row: Callable[[sqlite3.Connection, InboxRow], Any] | None = None,
     ) -> tuple[InboxRow, int] | None:
         """Store ``message`` and its SSE event in ONE transaction; ``None`` (and no event) for a duplicate.
 
+        ``with_row`` writes what else commits with a new row (its hook runs, E-48) on the same transaction.
         Returns the row and the event id. The caller sends ``client_ack`` and streams the event afterwards.
         """
         with self._transaction() as conn:
@@ -232,12 +234,21 @@ class InboxStore(SqliteStore):
             # req: INB-DEDUPE-EVENT, INB-DURABLE-BEFORE-ACK -- the event commits with the new row, before the client_ack
             if row is None:
                 return None
+            if with_row is not None:
+                # req: HOOK-NEW-ROWS-ONLY -- only a new row gets what commits with it: a redelivery runs no hook
+                with_row(conn, row)
             return row, self._append(conn, event_name, payload(row))
 
     def get(self, inbox_id: str) -> InboxRow | None:
         """The row with this inbox id."""
         with self._reading() as conn:
             found = conn.execute(f"{_INBOX_SELECT} WHERE id = ?", (inbox_id,)).fetchone()
+        return None if found is None else _inbox_row(found)
+
+    def by_seq(self, seq: int) -> InboxRow | None:
+        """The row with this ``seq`` (a hook run names its message so)."""
+        with self._reading() as conn:
+            found = conn.execute(f"{_INBOX_SELECT} WHERE seq = ?", (seq,)).fetchone()
         return None if found is None else _inbox_row(found)
 
     def page(self, cursor: str | None = None, since_ms: int | None = None, topic: str | None = None,

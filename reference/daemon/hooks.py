@@ -1,0 +1,432 @@
+"""Hooks (§6, E-48): ``hooks.toml``, which hooks match a message, and the runner that claims, runs and marks.
+
+Theory of operation. A message that gets a new inbox row gets, in that transaction, one pending run per matching hook
+(``matching``, written by ``store.hook_runs.enqueue``). ``HookRunner`` keeps ``concurrency`` worker threads; each
+claims the oldest pending run, starts the hook's executable in a process group of its own (``start_new_session``)
+with the event JSON on stdin and a bare environment, reads stdout and stderr up to the output limit, and on exit
+stores the result and marks the run in one transaction. A hook that outruns its timeout gets SIGTERM to its group and
+SIGKILL ``hook_kill_grace_s`` later; after any exit the group is killed, so a child the hook left behind cannot hold
+its pipes or outlive it. A ``{"reply": "..."}`` on stdout of a hook with ``allow_reply`` is sent through the §4.5.1
+lookup under ``reference.core.hooks.reply_client_message_id`` before the run is marked done: a run again after a
+crash cannot send a second reply (E-48). At start the runner resets every claim of a previous process (killing the
+group it recorded, when the group's leader is still the process it started), and a sweeper resets this process's
+claims whose lease ran out with no worker holding them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+import tomllib
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import spec
+from reference.core import RequestError, reply_client_message_id
+from reference.core.limits import limit
+
+from .config import ConfigError
+from .store.hook_runs import HookRuns, StoredRun
+from .store.inbox import InboxRow
+from .store.outbox import AcceptItem
+
+log = logging.getLogger("meshd.hooks")
+
+HOOKS_FILE = "hooks.toml"
+#: the hook names of §6 this daemon does not run (they react to something other than an inbound message)
+NOT_RUN = ("on-mention", "on-file-share", "on-disconnect", "on-reconnect", "on-startup", "pre-send")
+#: the §6 keys of a hook this daemon does not enforce yet; refused rather than silently ignored
+NOT_ENFORCED = ("redact_payload", "capability_token_scope", "network_policy", "network_allowlist", "fs_policy",
+                "killpg_on_timeout", "audit", "sandbox")
+PATH = "/usr/bin:/bin"  # §6: the whole PATH a hook gets
+
+
+class HooksConfigError(ConfigError):
+    """``hooks.toml`` cannot be used; the message names the file, the hook and the key."""
+
+
+@dataclass(frozen=True)
+class Hook:
+    """One configured hook."""
+
+    name: str
+    command: Path
+    timeout_s: float
+    output_limit: int
+    allow_reply: bool
+
+    def matches(self, row: InboxRow) -> bool:
+        """Whether this hook runs for the inbound ``row``."""
+        if self.name == "on-message":
+            return True
+        if self.name == "on-dm":
+            return row.topic is None
+        return row.topic is not None and self.name == f"on-topic-{row.topic}"
+
+
+def load_hooks(folder: Path, default_timeout_s: float) -> list[Hook]:
+    """The enabled hooks of ``folder/hooks.toml`` (validated against spec/schemas/config/hooks.json).
+
+    Raises:
+        HooksConfigError: the file is missing or not TOML, a hook or key is unknown or refused, a value is out of
+            range, or a hook's executable is missing or not executable.
+    """
+    path = folder / HOOKS_FILE
+    try:
+        document = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        # req: HOOK-TOML-MANDATORY
+        raise HooksConfigError(f"{path}: missing; hooks are enabled and §6 makes hooks.toml mandatory") from exc
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise HooksConfigError(f"{path}: {exc}") from exc
+    for name, entry in document.items():
+        if name in NOT_RUN:
+            raise HooksConfigError(f"{path}: [{name}]: this daemon runs on-message, on-dm and on-topic-<name> hooks; "
+                                   f"{name} is not run")
+        refused = sorted(set(entry) & set(NOT_ENFORCED)) if isinstance(entry, dict) else []
+        if refused:
+            raise HooksConfigError(f"{path}: [{name}]: {', '.join(refused)}: not enforced by this daemon, so refused "
+                                   f"(a setting that would do nothing)")
+    errors = sorted(spec.validator("config/hooks").iter_errors(document), key=lambda e: list(e.absolute_path))
+    if errors:
+        error = errors[0]
+        where = ".".join(str(p) for p in error.absolute_path)
+        raise HooksConfigError(f"{path}: {f'[{where}]: ' if where else ''}{error.message}")
+    hooks = []
+    for name, entry in document.items():
+        if not entry.get("enabled", True):
+            continue
+        command = _command(folder, name, entry.get("command"), path)
+        hooks.append(Hook(name, command, float(entry.get("timeout_s", default_timeout_s)),
+                          int(entry.get("output_size_limit", limit("hook_output_bytes"))),
+                          bool(entry.get("allow_reply", False))))
+    return hooks
+
+
+def _command(folder: Path, name: str, given: str | None, path: Path) -> Path:
+    if given is not None and "\x00" in given:
+        raise HooksConfigError(f"{path}: [{name}.command]: holds a NUL character")
+    candidates = [folder / given] if given else [folder / name, folder / f"{name}.sh"]
+    for candidate in candidates:
+        if candidate.is_file():
+            if not os.access(candidate, os.X_OK):
+                raise HooksConfigError(f"{path}: [{name}]: {candidate} is not executable")
+            return candidate.resolve()
+    raise HooksConfigError(f"{path}: [{name}]: no executable {' or '.join(str(c) for c in candidates)}")
+
+
+def matching(hooks: Iterable[Hook], row: InboxRow) -> list[str]:
+    """The names of the hooks that run for ``row``."""
+    # req: HOOK-EVERY-MATCH -- every enabled hook that matches gets a run
+    return [hook.name for hook in hooks if hook.matches(row)]
+
+
+def event_document(row: InboxRow, hook: str, stdin_limit: int) -> bytes:
+    """The event JSON a hook reads on stdin: the message as ``GET /v1/inbox`` gives it, within ``stdin_limit`` bytes
+    (§6): when larger, ``_truncated`` is true and the body is cut to what fits, then the meta dropped, then the
+    message left out, in that order."""
+    from .app import inbox_item
+
+    def encoded(document: dict[str, Any]) -> bytes:
+        return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()
+
+    event = {"event": "message", "hook": hook, "event_id": row.client_message_id, "message": inbox_item(row.as_dict())}
+    whole = encoded(event)
+    if len(whole) <= stdin_limit:
+        return whole
+    # req: HOOK-STDIN-LIMIT -- cut to fit, and the event says so
+    body = event["message"].get("body") or ""
+    event["_truncated"] = True
+    event["message"]["body"] = ""
+    if len(encoded(event)) > stdin_limit:
+        event["message"]["meta"] = None
+    if len(encoded(event)) > stdin_limit:
+        event.pop("message")
+        return encoded(event)
+    low, high = 0, len(body)  # the longest prefix of the body (in characters) that fits
+    while low < high:
+        middle = (low + high + 1) // 2
+        event["message"]["body"] = body[:middle]
+        if len(encoded(event)) <= stdin_limit:
+            low = middle
+        else:
+            high = middle - 1
+    event["message"]["body"] = body[:low]
+    return encoded(event)
+
+
+def process_started(pid: int) -> int | None:
+    """The start time of process ``pid`` (clock ticks since boot, /proc), None where it cannot be read."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def kill_group(pgid: int | None, started: int | None, sig: int = signal.SIGKILL) -> bool:
+    """Signal the process group ``pgid`` if its leader is still the process that started at ``started`` (a reused
+    id is left alone); True when signalled."""
+    if pgid is None or pgid <= 1:
+        return False
+    if started is not None and process_started(pgid) not in (started, None):
+        return False
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+class _Capped:
+    """Reads a pipe to its end, keeping the first ``limit`` bytes and counting all of them."""
+
+    def __init__(self, stream: Any, limit: int):
+        self.kept, self.total, self._limit, self._stream = bytearray(), 0, limit, stream
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        try:
+            while chunk := self._stream.read1(65536):
+                self.total += len(chunk)
+                room = self._limit - len(self.kept)
+                # req: HOOK-OUTPUT-LIMIT -- read to the end, kept up to the limit
+                if room > 0:
+                    self.kept += chunk[:room]
+        except (OSError, ValueError):
+            pass
+
+    @property
+    def truncated(self) -> bool:
+        return self.total > len(self.kept)
+
+
+ReplySubmitter = Callable[[InboxRow, str, str], dict[str, Any]]
+
+
+def outbox_reply(parse_send: Callable[[bytes, str | None], Any], accept: Callable[[AcceptItem], Any],
+                 mint_id: Callable[[], str], now_ms: Callable[[], int], wake: Callable[[], None]) -> ReplySubmitter:
+    """The daemon's way to send a hook's reply: POST /v1/send's validation and §4.5.1 accept (``accept`` returns
+    the ``(IpcDecision, transition)`` of one item: the group committer's ``submit``), to the message's topic or, for
+    a direct message, to its sender, answering the message, under the id derived from (message, hook) (E-48)."""
+
+    def submit(row: InboxRow, hook: str, text: str) -> dict[str, Any]:
+        cmid = reply_client_message_id(row.client_message_id, hook)
+        to = f"#{row.topic}" if row.topic is not None else f"dm:{row.sender_pubkey}"
+        body = {"to": to, "message": text, "client_message_id": cmid}
+        if row.broker_message_id:
+            body["reply_to_id"] = row.broker_message_id
+        try:
+            request = parse_send(json.dumps(body, ensure_ascii=False).encode(), cmid)
+        except RequestError as exc:
+            return {"client_message_id": cmid, "refused": exc.code, "detail": exc.detail}
+        decision, _ = accept(AcceptItem.of(request, cmid, mint_id(), now_ms()))
+        if decision.insert:
+            wake()
+        # req: HOOK-REPLY-ONCE -- a re-run's reply meets the first one's row: a match or a 409, never a second row
+        return {"client_message_id": cmid, "http_status": decision.http_status, "table_row": decision.table_row}
+
+    return submit
+
+
+class HookRunner:
+    """The worker pool of one daemon process."""
+
+    def __init__(self, runs: HookRuns, hooks: list[Hook], folder: Path, *, inbox_row: Callable[[int], InboxRow | None],
+                 submit_reply: ReplySubmitter, mesh: str, socket_path: str, clock_ms: Callable[[], int],
+                 concurrency: int, on_finish: Callable[[StoredRun], None] | None = None):
+        self.runs, self.folder, self.mesh, self.socket_path = runs, folder, mesh, socket_path
+        self.hooks = {hook.name: hook for hook in hooks}
+        self.inbox_row, self.submit_reply, self.clock_ms = inbox_row, submit_reply, clock_ms
+        self.concurrency, self.on_finish = concurrency, on_finish
+        self.owner = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        self.kill_grace_s = float(limit("hook_kill_grace_s"))
+        self.stdin_limit = int(limit("hook_stdin_bytes"))
+        longest = max((hook.timeout_s for hook in hooks), default=1.0)
+        self.lease_ms = int((longest + self.kill_grace_s + 5.0) * 1000)
+        self._wake = threading.Condition()
+        self._stop = threading.Event()
+        self._held: dict[int, subprocess.Popen | None] = {}
+        self._held_lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+
+    # --- lifecycle ------------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Reset the previous process's claims, then start the workers and the lease sweeper."""
+        self._reset(self.runs.reset_lost(self.clock_ms(), keep_owner=self.owner))
+        # req: HOOK-POOL -- concurrency workers; the other runs wait pending, the link never waits
+        for n in range(self.concurrency):
+            thread = threading.Thread(target=self._work, name=f"meshd-hook-{n}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        sweeper = threading.Thread(target=self._sweep, name="meshd-hook-sweeper", daemon=True)
+        sweeper.start()
+        self._threads.append(sweeper)
+
+    def notify(self) -> None:
+        """A message was stored with runs: wake a worker."""
+        with self._wake:
+            self._wake.notify_all()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop claiming and kill the running hooks' groups; their runs stay claimed and run again at the next start
+        (a stop is a crash to a hook: E-48)."""
+        self._stop.set()
+        self.notify()
+        with self._held_lock:
+            running = [p for p in self._held.values() if p is not None]
+        for process in running:
+            kill_group(process.pid, None)
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+    def _reset(self, reset: list[tuple[StoredRun, Any]]) -> None:
+        for run, step in reset:
+            # req: HOOK-CLAIM-RESET -- the lost claim's process group is killed before the hook runs again
+            if "kill_group" in step.effects:
+                kill_group(run.pgid, run.pgid_started)
+            log.warning("hook_claim_reset hook=%s run=%d claims=%d now=%s", run.hook, run.id, run.claims,
+                        step.run.state)
+        if reset:
+            self.notify()
+
+    def _sweep(self) -> None:
+        while not self._stop.wait(1.0):
+            with self._held_lock:
+                held = list(self._held)
+            try:
+                self._reset(self.runs.reset_lost(self.clock_ms(), keep_owner=self.owner, held=held))
+            except Exception:
+                log.exception("hook lease sweep failed; it runs again in 1 s")
+
+    # --- the workers ------------------------------------------------------------------------------------------------
+    def _work(self) -> None:
+        while not self._stop.is_set():
+            try:
+                claimed = self.runs.claim(self.owner, self.clock_ms(), self.lease_ms)
+            except Exception:
+                log.exception("hook claim failed")
+                claimed = None
+            if claimed is None:
+                with self._wake:
+                    self._wake.wait(0.5)
+                continue
+            run, _ = claimed
+            with self._held_lock:
+                self._held[run.id] = None
+            try:
+                self._run(run)
+            except Exception:
+                log.exception("hook run %d failed in the daemon; its claim is reset by the sweeper", run.id)
+            finally:
+                with self._held_lock:
+                    self._held.pop(run.id, None)
+
+    def _run(self, run: StoredRun) -> None:
+        hook = self.hooks.get(run.hook)
+        row = self.inbox_row(run.inbox_seq)
+        if hook is None or row is None:
+            reason = "hook_not_configured" if hook is None else "message_gone"
+            self._finish(run, "exit_error", {"outcome": reason})
+            return
+        started = time.monotonic()
+        # req: HOOK-ENVIRONMENT -- a bare environment: no broker credential, PATH=/usr/bin:/bin
+        env = {"PATH": PATH, "CLAUDEMESH_MESH": self.mesh, "CLAUDEMESH_HOOK_NAME": hook.name,
+               "CLAUDEMESH_EVENT_ID": row.client_message_id, "CLAUDEMESH_DAEMON_SOCK": self.socket_path}
+        try:
+            process = subprocess.Popen([str(hook.command)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, env=env, cwd=self.folder, start_new_session=True,
+                                       close_fds=True)
+        except OSError as exc:  # gone since the start, no longer executable, no interpreter: a failed run
+            self._finish(run, "exit_error", {"outcome": "spawn_failed", "error": f"{type(exc).__name__}: {exc}"})
+            return
+        with self._held_lock:
+            self._held[run.id] = process
+        self.runs.record_process(run.id, self.owner, process.pid, process_started(process.pid))
+        stdout, stderr = _Capped(process.stdout, hook.output_limit), _Capped(process.stderr, hook.output_limit)
+        threading.Thread(target=_feed, args=(process, event_document(row, hook.name, self.stdin_limit)),
+                         daemon=True).start()
+        event, signalled = "exit_ok", None
+        try:
+            process.wait(hook.timeout_s)
+        except subprocess.TimeoutExpired:
+            # req: HOOK-TIMEOUT-KILLPG -- SIGTERM to the group, SIGKILL after the grace
+            event, signalled = "timeout", "SIGTERM"
+            kill_group(process.pid, None, signal.SIGTERM)
+            try:
+                process.wait(self.kill_grace_s)
+            except subprocess.TimeoutExpired:
+                signalled = "SIGKILL"
+        kill_group(process.pid, None)  # what the hook left running in its group goes with it
+        process.wait()
+        for reader in (stdout, stderr):
+            reader.thread.join(self.kill_grace_s)
+        if event == "exit_ok" and process.returncode != 0:
+            # req: HOOK-NONZERO-NOT-RETRIED -- failed: a finished run never runs again
+            event = "exit_error"
+        result: dict[str, Any] = {
+            "outcome": event, "exit": process.returncode, "duration_ms": int((time.monotonic() - started) * 1000),
+            "stdout_bytes": stdout.total, "stderr_bytes": stderr.total,
+            "stderr": bytes(stderr.kept).decode("utf-8", "replace")}
+        if signalled:
+            result["signalled"] = signalled
+        if stdout.truncated or stderr.truncated:
+            result["_truncated"] = True
+            log.warning("hook_output_truncated hook=%s run=%d stdout_bytes=%d stderr_bytes=%d limit=%d", hook.name,
+                        run.id, stdout.total, stderr.total, hook.output_limit)
+        if event == "exit_ok":
+            result["reply"] = self._reply(row, hook, stdout)
+        self._finish(run, event, result)
+
+    def _reply(self, row: InboxRow, hook: Hook, stdout: _Capped) -> dict[str, Any] | None:
+        """The outcome of the hook's reply, after it was answered by the outbox; None when it gave none."""
+        text = bytes(stdout.kept).strip()
+        if not text:
+            return None
+        if stdout.truncated:
+            return {"refused": "stdout_truncated"}
+        try:
+            # req: HOOK-REPLY-CONTRACT -- a JSON object with a non-empty string reply, and allow_reply
+            document = json.loads(text)
+        except ValueError:
+            return {"refused": "stdout_not_json"}
+        if not isinstance(document, dict) or "reply" not in document:
+            return {"refused": "no_reply_member"}
+        reply = document["reply"]
+        if not isinstance(reply, str) or not reply:
+            return {"refused": "reply_not_a_string"}
+        if not hook.allow_reply:
+            return {"refused": "allow_reply_false"}
+        # req: HOOK-REPLY-ONCE -- the §4.5.1 lookup under the pair's id, before the run is marked done
+        return self.submit_reply(row, hook.name, reply)
+
+    def _finish(self, run: StoredRun, event: str, result: dict[str, Any]) -> None:
+        finished = self.runs.finish(run.id, self.owner, event, result, self.clock_ms())
+        if finished is None:
+            log.warning("hook_run_lost run=%d hook=%s: its claim was reset while it ran", run.id, run.hook)
+            return
+        after, _ = finished
+        level = logging.INFO if after.state == "done" else logging.WARNING
+        log.log(level, "hook_run hook=%s run=%d state=%s exit=%s", after.hook, after.id, after.state,
+                result.get("exit"))
+        if self.on_finish is not None:
+            self.on_finish(after)
+
+
+def _feed(process: subprocess.Popen, data: bytes) -> None:
+    """Write the event to the hook's stdin and close it; a hook that does not read it is not waited for."""
+    try:
+        process.stdin.write(data)
+        process.stdin.close()
+    except (BrokenPipeError, OSError, ValueError):
+        pass
