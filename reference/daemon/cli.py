@@ -28,7 +28,7 @@ from reference.core.request import DEFAULT_PRIORITY, PRIORITIES
 from reference.state_dir import StateDir
 from spec import openapi_parameter
 
-from . import client, identity, logs
+from . import client, hooks_cli, identity, logs
 from .config import Config, ConfigError, load
 
 if TYPE_CHECKING:
@@ -553,6 +553,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     install.add_argument("--force", action="store_true", help="install even in CI")
     install.add_argument("--no-start", action="store_true", help="write the unit but do not enable it")
     install.set_defaults(func=cmd_install_service)
+    hooks_cli.add_commands(sub, _common, _state_dir)
+
     uninstall = sub.add_parser("uninstall-service", help="disable and remove the service unit")
     _common(uninstall)
     uninstall.add_argument("--kind", choices=["systemd", "launchd"])

@@ -238,6 +238,117 @@ def outbox_reply(parse_send: Callable[[bytes, str | None], Any], accept: Callabl
     return submit
 
 
+@dataclass
+class HookProcess:
+    """What one run of a hook's process did: the table event it ends with, and its output (kept up to the limit)."""
+
+    event: str  # exit_ok, exit_error or timeout
+    returncode: int | None
+    duration_ms: int
+    stdout: bytes
+    stderr: bytes
+    stdout_bytes: int
+    stderr_bytes: int
+    signalled: str | None = None
+    error: str | None = None  # the process could not be started
+
+    @property
+    def truncated(self) -> bool:
+        return self.stdout_bytes > len(self.stdout) or self.stderr_bytes > len(self.stderr)
+
+    def result(self) -> dict[str, Any]:
+        """The run's stored result (without its reply)."""
+        if self.error is not None:
+            return {"outcome": "spawn_failed", "error": self.error}
+        result: dict[str, Any] = {
+            "outcome": self.event, "exit": self.returncode, "duration_ms": self.duration_ms,
+            "stdout_bytes": self.stdout_bytes, "stderr_bytes": self.stderr_bytes,
+            "stderr": self.stderr.decode("utf-8", "replace")}
+        if self.signalled:
+            result["signalled"] = self.signalled
+        if self.truncated:
+            result["_truncated"] = True
+        return result
+
+
+def hook_environment(mesh: str, hook: str, event_id: str, socket_path: str) -> dict[str, str]:
+    """The whole environment of a hook's process (§6)."""
+    # req: HOOK-ENVIRONMENT -- a bare environment: no broker credential, PATH=/usr/bin:/bin
+    return {"PATH": PATH, "CLAUDEMESH_MESH": mesh, "CLAUDEMESH_HOOK_NAME": hook, "CLAUDEMESH_EVENT_ID": event_id,
+            "CLAUDEMESH_DAEMON_SOCK": socket_path}
+
+
+def run_hook(hook: Hook, folder: Path, env: dict[str, str], stdin: bytes, kill_grace_s: float,
+             spawned: Callable[[subprocess.Popen], None] = lambda process: None) -> HookProcess:
+    """Run ``hook``'s executable once in a process group of its own, with ``stdin`` and ``env``; on timeout SIGTERM
+    to the group and SIGKILL ``kill_grace_s`` later; after any exit the group is killed. ``spawned`` is called with
+    the process as soon as it runs."""
+    started = time.monotonic()
+    try:
+        process = subprocess.Popen([str(hook.command)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, env=env, cwd=folder, start_new_session=True,
+                                   close_fds=True)
+    except OSError as exc:  # gone since the start, no longer executable, no interpreter: a failed run
+        return HookProcess("exit_error", None, 0, b"", b"", 0, 0, error=f"{type(exc).__name__}: {exc}")
+    spawned(process)
+    stdout, stderr = _Capped(process.stdout, hook.output_limit), _Capped(process.stderr, hook.output_limit)
+    threading.Thread(target=_feed, args=(process, stdin), daemon=True).start()
+    event, signalled = "exit_ok", None
+    try:
+        process.wait(hook.timeout_s)
+    except subprocess.TimeoutExpired:
+        # req: HOOK-TIMEOUT-KILLPG -- SIGTERM to the group, SIGKILL after the grace
+        event, signalled = "timeout", "SIGTERM"
+        kill_group(process.pid, None, signal.SIGTERM)
+        try:
+            process.wait(kill_grace_s)
+        except subprocess.TimeoutExpired:
+            signalled = "SIGKILL"
+    kill_group(process.pid, None)  # what the hook left running in its group goes with it
+    process.wait()
+    for reader in (stdout, stderr):
+        reader.thread.join(kill_grace_s)
+    if event == "exit_ok" and process.returncode != 0:
+        # req: HOOK-NONZERO-NOT-RETRIED -- failed: a finished run never runs again
+        event = "exit_error"
+    return HookProcess(event, process.returncode, int((time.monotonic() - started) * 1000), bytes(stdout.kept),
+                       bytes(stderr.kept), stdout.total, stderr.total, signalled)
+
+
+def parse_reply(done: HookProcess) -> str | dict[str, str] | None:
+    """The reply a hook that exited 0 asks for: its text, None for an empty stdout, or why its stdout is none."""
+    text = done.stdout.strip()
+    if not text:
+        return None
+    if done.stdout_bytes > len(done.stdout):
+        return {"refused": "stdout_truncated"}
+    try:
+        # req: HOOK-REPLY-CONTRACT -- a JSON object with a non-empty string reply, and allow_reply
+        document = json.loads(text)
+    except ValueError:
+        return {"refused": "stdout_not_json"}
+    if not isinstance(document, dict) or "reply" not in document:
+        return {"refused": "no_reply_member"}
+    reply = document["reply"]
+    if not isinstance(reply, str) or not reply:
+        return {"refused": "reply_not_a_string"}
+    return reply
+
+
+def audit_record(run: StoredRun) -> dict[str, Any]:
+    """The audit line of a finished run (v2 §6.5's members, and its state). ``capability_calls`` is 0: this daemon
+    grants no capability token yet, so a hook can make none."""
+    from reference.clock import rfc3339_ms
+
+    result = run.result or {}
+    reply = result.get("reply") or {}
+    return {"hook": run.hook, "event_id": run.client_message_id, "state": run.state, "claims": run.claims,
+            "exit": result.get("exit"), "duration_ms": result.get("duration_ms"),
+            "stdout_bytes": result.get("stdout_bytes"), "stderr_bytes": result.get("stderr_bytes"),
+            "replied": reply.get("http_status") in (200, 202), "capability_calls": 0,
+            "ts": rfc3339_ms(run.finished_at) if run.finished_at is not None else None}
+
+
 class HookRunner:
     """The worker pool of one daemon process."""
 
@@ -339,76 +450,28 @@ class HookRunner:
             reason = "hook_not_configured" if hook is None else "message_gone"
             self._finish(run, "exit_error", {"outcome": reason})
             return
-        started = time.monotonic()
-        # req: HOOK-ENVIRONMENT -- a bare environment: no broker credential, PATH=/usr/bin:/bin
-        env = {"PATH": PATH, "CLAUDEMESH_MESH": self.mesh, "CLAUDEMESH_HOOK_NAME": hook.name,
-               "CLAUDEMESH_EVENT_ID": row.client_message_id, "CLAUDEMESH_DAEMON_SOCK": self.socket_path}
-        try:
-            process = subprocess.Popen([str(hook.command)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                       stderr=subprocess.PIPE, env=env, cwd=self.folder, start_new_session=True,
-                                       close_fds=True)
-        except OSError as exc:  # gone since the start, no longer executable, no interpreter: a failed run
-            self._finish(run, "exit_error", {"outcome": "spawn_failed", "error": f"{type(exc).__name__}: {exc}"})
-            return
-        with self._held_lock:
-            self._held[run.id] = process
-        self.runs.record_process(run.id, self.owner, process.pid, process_started(process.pid))
-        stdout, stderr = _Capped(process.stdout, hook.output_limit), _Capped(process.stderr, hook.output_limit)
-        threading.Thread(target=_feed, args=(process, event_document(row, hook.name, self.stdin_limit)),
-                         daemon=True).start()
-        event, signalled = "exit_ok", None
-        try:
-            process.wait(hook.timeout_s)
-        except subprocess.TimeoutExpired:
-            # req: HOOK-TIMEOUT-KILLPG -- SIGTERM to the group, SIGKILL after the grace
-            event, signalled = "timeout", "SIGTERM"
-            kill_group(process.pid, None, signal.SIGTERM)
-            try:
-                process.wait(self.kill_grace_s)
-            except subprocess.TimeoutExpired:
-                signalled = "SIGKILL"
-        kill_group(process.pid, None)  # what the hook left running in its group goes with it
-        process.wait()
-        for reader in (stdout, stderr):
-            reader.thread.join(self.kill_grace_s)
-        if event == "exit_ok" and process.returncode != 0:
-            # req: HOOK-NONZERO-NOT-RETRIED -- failed: a finished run never runs again
-            event = "exit_error"
-        result: dict[str, Any] = {
-            "outcome": event, "exit": process.returncode, "duration_ms": int((time.monotonic() - started) * 1000),
-            "stdout_bytes": stdout.total, "stderr_bytes": stderr.total,
-            "stderr": bytes(stderr.kept).decode("utf-8", "replace")}
-        if signalled:
-            result["signalled"] = signalled
-        if stdout.truncated or stderr.truncated:
-            result["_truncated"] = True
-            log.warning("hook_output_truncated hook=%s run=%d stdout_bytes=%d stderr_bytes=%d limit=%d", hook.name,
-                        run.id, stdout.total, stderr.total, hook.output_limit)
-        if event == "exit_ok":
-            result["reply"] = self._reply(row, hook, stdout)
-        self._finish(run, event, result)
 
-    def _reply(self, row: InboxRow, hook: Hook, stdout: _Capped) -> dict[str, Any] | None:
-        """The outcome of the hook's reply, after it was answered by the outbox; None when it gave none."""
-        text = bytes(stdout.kept).strip()
-        if not text:
-            return None
-        if stdout.truncated:
-            return {"refused": "stdout_truncated"}
-        try:
-            # req: HOOK-REPLY-CONTRACT -- a JSON object with a non-empty string reply, and allow_reply
-            document = json.loads(text)
-        except ValueError:
-            return {"refused": "stdout_not_json"}
-        if not isinstance(document, dict) or "reply" not in document:
-            return {"refused": "no_reply_member"}
-        reply = document["reply"]
-        if not isinstance(reply, str) or not reply:
-            return {"refused": "reply_not_a_string"}
-        if not hook.allow_reply:
-            return {"refused": "allow_reply_false"}
-        # req: HOOK-REPLY-ONCE -- the §4.5.1 lookup under the pair's id, before the run is marked done
-        return self.submit_reply(row, hook.name, reply)
+        def spawned(process: subprocess.Popen) -> None:
+            with self._held_lock:
+                self._held[run.id] = process
+            self.runs.record_process(run.id, self.owner, process.pid, process_started(process.pid))
+
+        done = run_hook(hook, self.folder, hook_environment(self.mesh, hook.name, row.client_message_id,
+                                                            self.socket_path),
+                        event_document(row, hook.name, self.stdin_limit), self.kill_grace_s, spawned)
+        result = done.result()
+        if done.truncated:
+            log.warning("hook_output_truncated hook=%s run=%d stdout_bytes=%d stderr_bytes=%d limit=%d", hook.name,
+                        run.id, done.stdout_bytes, done.stderr_bytes, hook.output_limit)
+        if done.event == "exit_ok":
+            reply = parse_reply(done)
+            if isinstance(reply, str):
+                # req: HOOK-REPLY-ONCE -- the §4.5.1 lookup under the pair's id, before the run is marked done
+                result["reply"] = (self.submit_reply(row, hook.name, reply) if hook.allow_reply
+                                   else {"refused": "allow_reply_false"})
+            else:
+                result["reply"] = reply
+        self._finish(run, done.event, result)
 
     def _finish(self, run: StoredRun, event: str, result: dict[str, Any]) -> None:
         finished = self.runs.finish(run.id, self.owner, event, result, self.clock_ms())
@@ -417,8 +480,7 @@ class HookRunner:
             return
         after, _ = finished
         level = logging.INFO if after.state == "done" else logging.WARNING
-        log.log(level, "hook_run hook=%s run=%d state=%s exit=%s", after.hook, after.id, after.state,
-                result.get("exit"))
+        log.log(level, "hook_audit %s", json.dumps(audit_record(after), separators=(",", ":")))
         if self.on_finish is not None:
             self.on_finish(after)
 

@@ -32,6 +32,10 @@ class DaemonMetrics:
         self.requests = Counter("cm_daemon_ipc_request_total", "IPC requests", ["endpoint", "status", "transport"],
                                 registry=r)
         self.duration = Histogram("cm_daemon_ipc_duration_seconds", "IPC request duration", ["endpoint"], registry=r)
+        self.hook_invocations = Counter("cm_daemon_hook_invocations_total", "hook runs finished, by their state",
+                                        ["hook", "state"], registry=r)
+        self.hook_duration = Histogram("cm_daemon_hook_duration_seconds", "how long a hook's process ran", ["hook"],
+                                       buckets=(0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 3600), registry=r)
         self._ipc_children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
         self.outbox = outbox
         self.link = link
@@ -55,6 +59,12 @@ class DaemonMetrics:
                 key, (self.requests.labels(endpoint, status, transport), self.duration.labels(endpoint)))
         children[0].inc()
         children[1].observe(seconds)
+
+    def hook(self, hook: str, state: str, seconds: float | None) -> None:
+        """A hook run finished (done, failed or timed_out); ``seconds`` is None when no process ran."""
+        self.hook_invocations.labels(hook, state).inc()
+        if seconds is not None:
+            self.hook_duration.labels(hook).observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

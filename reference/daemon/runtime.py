@@ -285,8 +285,13 @@ class Runtime:
             self.hook_runner = HookRunner(
                 HookRuns(self.inbox, int(config["hooks"]["max_claims"])), self.hooks, hooks_folder(state_dir, config),
                 inbox_row=self.inbox.by_seq, submit_reply=submit, mesh=config["daemon"]["mesh"],
-                socket_path=str(files.socket), clock_ms=self.clock.ms, concurrency=int(config["hooks"]["concurrency"]))
+                socket_path=str(files.socket), clock_ms=self.clock.ms, concurrency=int(config["hooks"]["concurrency"]),
+                on_finish=self._hook_finished)
             self.receiver.runner = self.hook_runner
+
+    def _hook_finished(self, run: Any) -> None:
+        duration = (run.result or {}).get("duration_ms")
+        self.metrics.hook(run.hook, run.state, None if duration is None else duration / 1000)
 
     def _trace_store(self, item: Any) -> None:
         trace_store_item(self.trace, self.config["daemon"]["mesh"], item)

@@ -195,7 +195,7 @@ def test_runs_commit_with_their_inbox_row(rig):
 # --- the runner ----------------------------------------------------------------------------------------------------
 def test_a_hook_reply_goes_through_the_outbox_once(rig):
     script(rig.folder, "on-message", """
-        cat > "$0.stdin"
+        cat > "$0.$CLAUDEMESH_EVENT_ID.stdin"
         echo '{"reply": "pong"}'
         """)
     toml(rig.folder, "[on-message]\nallow_reply = true\n")
@@ -211,7 +211,7 @@ def test_a_hook_reply_goes_through_the_outbox_once(rig):
     assert (second["to"], second["reply_to_id"]) == ("#alerts", "01BRK000002")
     assert done[0].result["reply"] == {"client_message_id": reply_client_message_id("cm-1", "on-message"),
                                        "http_status": 202, "table_row": "IPC-NEW"}
-    event = json.loads((rig.folder / "on-message.stdin").read_text())
+    event = json.loads((rig.folder / "on-message.cm-1.stdin").read_text())
     assert event["hook"] == "on-message" and event["message"]["body"] == "ping" and "_truncated" not in event
 
 
@@ -515,3 +515,61 @@ def test_the_readme_example_hooks_work_as_shown(rig):
                                                           "inbox.")
     alert = sent[reply_client_message_id("cm-2", "on-topic-alerts")]
     assert (alert["to"], alert["message"]) == ("#alerts", "acknowledged: CRITICAL: disk full on db-1")
+
+
+# --- meshd hooks list | test | audit, and the metrics ---------------------------------------------------------------
+def test_meshd_hooks_list_test_and_audit(tmp_path, capsys):
+    import shutil
+
+    from reference.cli import main
+
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "config.toml").write_text("[hooks]\nenabled = true\n")
+    shutil.copytree(Path(__file__).parents[2] / "fixtures" / "hooks" / "example", state / "hooks")
+    assert main(["hooks", "list", "--state-dir", str(state), "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert listed["enabled"] is True and [h["hook"] for h in listed["hooks"]] == ["on-dm", "on-topic-alerts"]
+    assert listed["hooks"][0]["timeout_s"] == 10.0 and listed["hooks"][0]["runs"] == {}
+
+    event = tmp_path / "event.json"
+    event.write_text(json.dumps({"event": "message", "hook": "on-dm", "event_id": "cm-7", "message": {
+        "client_message_id": "cm-7", "topic": None, "sender_pubkey": SENDER, "sender_name": "bob", "body": "hi"}}))
+    assert main(["hooks", "test", "on-dm", "--event", str(event), "--state-dir", str(state)]) == 0
+    ran = json.loads(capsys.readouterr().out)
+    assert (ran["outcome"], ran["exit"]) == ("exit_ok", 0)
+    assert ran["reply"] == {"would_send": {"to": f"dm:{SENDER}", "client_message_id": reply_client_message_id(
+        "cm-7", "on-dm"), "message": "Hi bob, I am away until Monday; your message is in my inbox."}}
+    assert main(["hooks", "test", "on-message", "--event", str(event), "--state-dir", str(state)]) == 2
+    assert "no enabled hook 'on-message'" in capsys.readouterr().err
+    event.write_text("[1]")
+    assert main(["hooks", "test", "on-dm", "--event", str(event), "--state-dir", str(state)]) == 2
+    (state / "hooks" / "hooks.toml").write_text("[on-dm]\nsandbox = 'x'\n")
+    assert main(["hooks", "list", "--state-dir", str(state)]) == 3
+    assert "sandbox: not enforced" in capsys.readouterr().err
+
+
+def test_finished_runs_are_audited_and_counted(rig, capsys):
+    from reference.cli import main
+    from reference.daemon.metrics import DaemonMetrics
+
+    script(rig.folder, "on-message", "echo '{\"reply\": \"pong\"}'\n")
+    script(rig.folder, "on-dm", "exit 4\n")
+    toml(rig.folder, "[on-message]\nallow_reply = true\n[on-dm]\n")
+    metrics = DaemonMetrics()
+    rig.start()
+    rig.runner.on_finish = lambda run: metrics.hook(run.hook, run.state, run.result["duration_ms"] / 1000)
+    rig.deliver(message(1))
+    rig.wait_finished(2)
+    (rig.tmp / "config.toml").write_text("[hooks]\nenabled = true\n")
+    assert main(["hooks", "audit", "--state-dir", str(rig.tmp), "--json"]) == 0
+    audit = {r["hook"]: r for r in json.loads(capsys.readouterr().out)}
+    assert (audit["on-message"]["state"], audit["on-message"]["replied"], audit["on-message"]["exit"]) == (
+        "done", True, 0)
+    assert (audit["on-dm"]["state"], audit["on-dm"]["replied"], audit["on-dm"]["exit"]) == ("failed", False, 4)
+    assert set(audit["on-dm"]) == {"hook", "event_id", "state", "claims", "exit", "duration_ms", "stdout_bytes",
+                                   "stderr_bytes", "replied", "capability_calls", "ts"}
+    text = metrics.render().decode()
+    assert 'cm_daemon_hook_invocations_total{hook="on-message",state="done"} 1.0' in text
+    assert 'cm_daemon_hook_invocations_total{hook="on-dm",state="failed"} 1.0' in text
+    assert 'cm_daemon_hook_duration_seconds_count{hook="on-dm"} 1.0' in text

@@ -52,6 +52,9 @@ def test_a_pushed_message_runs_its_hook_and_the_reply_reaches_the_broker_once(br
     assert len(sends) == 1
     frame = sends[0].frame
     assert frame.get("reply_to_id", frame.get("replyToId")) is not None
+    with daemon.unix() as client:
+        metrics = client.get("/v1/metrics").text
+    assert 'cm_daemon_hook_invocations_total{hook="on-message",state="done"} 1.0' in metrics
 
 
 def test_hooks_are_off_by_default(broker, daemon):

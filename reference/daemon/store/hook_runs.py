@@ -95,6 +95,14 @@ class HookRuns:
         with self.inbox._reading() as conn:
             return {state: int(n) for state, n in conn.execute("SELECT state, count(*) FROM hook_runs GROUP BY state")}
 
+    def counts_by_hook(self) -> dict[str, dict[str, int]]:
+        """Per hook, its runs by state."""
+        found: dict[str, dict[str, int]] = {}
+        with self.inbox._reading() as conn:
+            for hook, state, n in conn.execute("SELECT hook, state, count(*) FROM hook_runs GROUP BY hook, state"):
+                found.setdefault(hook, {})[state] = int(n)
+        return found
+
     def claim(self, owner: str, now_ms: int, lease_ms: int, hooks: Iterable[str] | None = None
               ) -> tuple[StoredRun, core.HookStep] | None:
         """Claim the oldest pending run (of ``hooks`` when given) for ``owner``; None when there is none."""
