@@ -36,7 +36,7 @@ slow: $(STAMP)
 # ... and the bounded form CI runs after `make test`: every slow test, at sizes that keep it bounded (the kill matrix,
 # tests/conformance/test_mutants.py, runs whole: about 14 minutes on 2 cores, MESHSPEC_MUTANT_WORKERS runs at once).
 slow-bounded: $(STAMP)
-	MESHSPEC_SLOW_KILLS=150 MESHSPEC_SLOW_BUDGET=60 MESHSPEC_SLOW_EVENTS=2M MESHSPEC_SLOW_FUZZ_EXAMPLES=800 \
+	MESHSPEC_SLOW_KILLS=150 MESHSPEC_SLOW_BUDGET=60 MESHSPEC_SLOW_EVENTS=2M MESHSPEC_SLOW_FUZZ_EXAMPLES=800 MESHSPEC_SLOW_HOOK_KILLS=25 \
 	MESHSPEC_SLOW_SOAK_S=30 $(BIN)/python -m pytest -q -m slow
 
 # The benchmarks (bench/README.md): the speed targets of the issues, printed as ratios. Minutes, not seconds.

@@ -4,10 +4,12 @@ restart and still replies once (E-48)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import textwrap
 import time
 
+import pytest
 from daemon_testkit import FAST
 
 from reference.core import reply_client_message_id
@@ -94,3 +96,62 @@ def test_a_daemon_killed_9_mid_hook_runs_it_again_and_replies_once(broker, make_
     time.sleep(1.0)
     assert len(broker.sends_of(reply)) == 1 and count.read_text().strip() == "2"
     assert not alive(orphan)
+
+
+HOOK_KILLS = int(os.environ.get("MESHSPEC_SLOW_HOOK_KILLS", "100"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(max(600, HOOK_KILLS * 12))
+def test_sigkill_loop_during_hook_processing(broker, make_daemon):
+    """MESHSPEC_SLOW_HOOK_KILLS rounds (100 by default; `make slow-bounded` runs fewer) of: start the daemon, push
+    messages (and redeliver an old one), kill -9 it at a random moment while its hooks run. Then, after a last start:
+    every message ran both its hooks to done, the broker saw exactly one reply per (message, hook) -- one id, one
+    fingerprint, however often the outbox resent it --, and no run is left pending or claimed."""
+    import random
+    import sqlite3
+
+    daemon = make_daemon(broker.url, HOOKS_ON + "max_claims = 256\nconcurrency = 4\n", start=False)
+    install(daemon.state_dir, """
+        read -r event
+        sleep 0.$(( $$ % 3 + 1 ))
+        echo '{"reply": "pong"}'
+        """)
+    dm = daemon.state_dir / "hooks" / "on-dm"
+    dm.write_text("#!/bin/sh\nsleep 0.1\necho '{\"reply\": \"dm\"}'\n")
+    dm.chmod(0o755)
+    (daemon.state_dir / "hooks" / "hooks.toml").write_text("[on-message]\nallow_reply = true\n[on-dm]\n"
+                                                            "allow_reply = true\n")
+    rng = random.Random(13)
+    pushed: list[str] = []
+    for round_ in range(HOOK_KILLS):
+        daemon.start()
+        daemon.wait_connected()
+        for i in range(2):
+            pushed.append(f"soak-{round_:03d}-{i}")
+            broker.push(body=f"m {round_} {i}", client_message_id=pushed[-1], sender=SENDER)
+        if round_ and rng.random() < 0.3:
+            broker.push(body="again", client_message_id=rng.choice(pushed[:-2]), sender=SENDER)
+        time.sleep(rng.uniform(0.0, 0.5))
+        daemon.kill9()
+    daemon.start()
+    daemon.wait_connected()
+    replies = [reply_client_message_id(cmid, hook) for cmid in pushed for hook in ("on-message", "on-dm")]
+    broker.wait_for(lambda: all(broker.sends_of(r) for r in replies), 120, "a reply for every (message, hook)")
+    for reply in replies:
+        bodies = {(r.frame.get("request_fingerprint"), r.frame.get("body", r.frame.get("ciphertext")))
+                  for r in broker.sends_of(reply)}
+        assert len(bodies) == 1, (reply, bodies)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        with contextlib.closing(sqlite3.connect(daemon.state_dir / "inbox.db")) as conn:
+            states = dict(conn.execute("SELECT state, count(*) FROM hook_runs GROUP BY state").fetchall())
+        if set(states) == {"done"}:
+            break
+        time.sleep(0.2)
+    assert states == {"done": 2 * len(pushed)}
+    with contextlib.closing(sqlite3.connect(daemon.state_dir / "inbox.db")) as conn:
+        rerun = conn.execute("SELECT count(*) FROM hook_runs WHERE claims > 1").fetchone()[0]
+    print(f"{HOOK_KILLS} kills, {len(pushed)} messages, {rerun} runs claimed again after a kill")
+    if HOOK_KILLS >= 20:  # the loop did interrupt hooks (else it proves nothing)
+        assert rerun >= 1
