@@ -44,7 +44,7 @@ HOOKS_FILE = "hooks.toml"
 #: the hook names of §6 this daemon does not run (they react to something other than an inbound message)
 NOT_RUN = ("on-mention", "on-file-share", "on-disconnect", "on-reconnect", "on-startup", "pre-send")
 #: the §6 keys of a hook this daemon does not enforce yet; refused rather than silently ignored
-NOT_ENFORCED = ("redact_payload", "capability_token_scope", "network_policy", "network_allowlist", "fs_policy",
+NOT_ENFORCED = ("redact_payload", "capability_token_scope", "network_allowlist", "fs_policy",
                 "killpg_on_timeout", "audit", "sandbox")
 PATH = "/usr/bin:/bin"  # §6: the whole PATH a hook gets
 
@@ -62,6 +62,7 @@ class Hook:
     timeout_s: float
     output_limit: int
     allow_reply: bool
+    network_policy: str = "deny"  # deny: in a network namespace of its own where the machine allows one; allow
 
     def matches(self, row: InboxRow) -> bool:
         """Whether this hook runs for the inbound ``row``."""
@@ -92,6 +93,8 @@ def load_hooks(folder: Path, default_timeout_s: float) -> list[Hook]:
             raise HooksConfigError(f"{path}: [{name}]: this daemon runs on-message, on-dm and on-topic-<name> hooks; "
                                    f"{name} is not run")
         refused = sorted(set(entry) & set(NOT_ENFORCED)) if isinstance(entry, dict) else []
+        if isinstance(entry, dict) and entry.get("network_policy") == "allowlist":
+            refused.append("network_policy = \"allowlist\"")
         if refused:
             raise HooksConfigError(f"{path}: [{name}]: {', '.join(refused)}: not enforced by this daemon, so refused "
                                    f"(a setting that would do nothing)")
@@ -107,7 +110,7 @@ def load_hooks(folder: Path, default_timeout_s: float) -> list[Hook]:
         command = _command(folder, name, entry.get("command"), path)
         hooks.append(Hook(name, command, float(entry.get("timeout_s", default_timeout_s)),
                           int(entry.get("output_size_limit", limit("hook_output_bytes"))),
-                          bool(entry.get("allow_reply", False))))
+                          bool(entry.get("allow_reply", False)), str(entry.get("network_policy", "deny"))))
     return hooks
 
 
@@ -278,14 +281,40 @@ def hook_environment(mesh: str, hook: str, event_id: str, socket_path: str) -> d
             "CLAUDEMESH_DAEMON_SOCK": socket_path}
 
 
+#: how a hook is started in a network namespace of its own, tried in order (``network_namespace``)
+NAMESPACE_COMMANDS = (("unshare", "--net", "--"), ("unshare", "--user", "--map-root-user", "--net", "--"))
+
+
+def network_namespace() -> tuple[list[str] | None, str]:
+    """The command prefix that runs a hook with no network (a fresh network namespace: only a loopback of its own,
+    down), and why there is none: ``unshare`` of util-linux when this user may make the namespace (root, or
+    unprivileged user namespaces), tried for real; on other systems none (§6.3: best effort)."""
+    import shutil
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return None, "platform"
+    if shutil.which("unshare") is None:
+        return None, "no_unshare"
+    for command in NAMESPACE_COMMANDS:
+        try:
+            probe = subprocess.run([*command, "true"], capture_output=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if probe.returncode == 0:
+            return list(command), ""
+    return None, "namespace_refused"
+
+
 def run_hook(hook: Hook, folder: Path, env: dict[str, str], stdin: bytes, kill_grace_s: float,
-             spawned: Callable[[subprocess.Popen], None] = lambda process: None) -> HookProcess:
-    """Run ``hook``'s executable once in a process group of its own, with ``stdin`` and ``env``; on timeout SIGTERM
-    to the group and SIGKILL ``kill_grace_s`` later; after any exit the group is killed. ``spawned`` is called with
-    the process as soon as it runs."""
+             spawned: Callable[[subprocess.Popen], None] = lambda process: None,
+             prefix: list[str] | None = None) -> HookProcess:
+    """Run ``hook``'s executable once in a process group of its own, with ``stdin`` and ``env`` (behind ``prefix``,
+    the network namespace's command, when given); on timeout SIGTERM to the group and SIGKILL ``kill_grace_s``
+    later; after any exit the group is killed. ``spawned`` is called with the process as soon as it runs."""
     started = time.monotonic()
     try:
-        process = subprocess.Popen([str(hook.command)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        process = subprocess.Popen([*(prefix or []), str(hook.command)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, env=env, cwd=folder, start_new_session=True,
                                    close_fds=True)
     except OSError as exc:  # gone since the start, no longer executable, no interpreter: a failed run
@@ -354,11 +383,18 @@ class HookRunner:
 
     def __init__(self, runs: HookRuns, hooks: list[Hook], folder: Path, *, inbox_row: Callable[[int], InboxRow | None],
                  submit_reply: ReplySubmitter, mesh: str, socket_path: str, clock_ms: Callable[[], int],
-                 concurrency: int, on_finish: Callable[[StoredRun], None] | None = None):
+                 concurrency: int, on_finish: Callable[[StoredRun], None] | None = None,
+                 on_unenforceable: Callable[[str, str], None] | None = None,
+                 network: tuple[list[str] | None, str] | None = None):
         self.runs, self.folder, self.mesh, self.socket_path = runs, folder, mesh, socket_path
         self.hooks = {hook.name: hook for hook in hooks}
         self.inbox_row, self.submit_reply, self.clock_ms = inbox_row, submit_reply, clock_ms
-        self.concurrency, self.on_finish = concurrency, on_finish
+        self.concurrency, self.on_finish, self.on_unenforceable = concurrency, on_finish, on_unenforceable
+        # req: HOOK-NETWORK-BEST-EFFORT -- probed once: a fresh network namespace where this machine allows one
+        self.namespace, self.no_namespace = network if network is not None else network_namespace()
+        if self.namespace is None and any(hook.network_policy == "deny" for hook in hooks):
+            log.warning("hook_network_unenforceable reason=%s: hooks with network_policy deny run with the daemon's "
+                        "network", self.no_namespace)
         self.owner = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self.kill_grace_s = float(limit("hook_kill_grace_s"))
         self.stdin_limit = int(limit("hook_stdin_bytes"))
@@ -456,9 +492,14 @@ class HookRunner:
                 self._held[run.id] = process
             self.runs.record_process(run.id, self.owner, process.pid, process_started(process.pid))
 
+        prefix = None
+        if hook.network_policy == "deny":
+            prefix = self.namespace
+            if prefix is None and self.on_unenforceable is not None:
+                self.on_unenforceable(hook.name, self.no_namespace)
         done = run_hook(hook, self.folder, hook_environment(self.mesh, hook.name, row.client_message_id,
                                                             self.socket_path),
-                        event_document(row, hook.name, self.stdin_limit), self.kill_grace_s, spawned)
+                        event_document(row, hook.name, self.stdin_limit), self.kill_grace_s, spawned, prefix)
         result = done.result()
         if done.truncated:
             log.warning("hook_output_truncated hook=%s run=%d stdout_bytes=%d stderr_bytes=%d limit=%d", hook.name,

@@ -22,7 +22,7 @@ from reference.core.limits import limit
 from reference.state_dir import StateDir
 
 from .config import ConfigError, load
-from .hooks import Hook, audit_record, hook_environment, load_hooks, parse_reply, run_hook
+from .hooks import Hook, audit_record, hook_environment, load_hooks, network_namespace, parse_reply, run_hook
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = exit_code("ok"), exit_code("error"), exit_code("usage")
 console = Console()
@@ -108,9 +108,12 @@ def cmd_hooks_test(args: argparse.Namespace, state_dir: Path) -> int:
         return EXIT_USAGE
     message = event["message"]
     event_id = str(event.get("event_id") or message.get("client_message_id") or "test")
+    prefix, missing = network_namespace() if hook.network_policy == "deny" else (None, "")
+    if hook.network_policy == "deny" and prefix is None:
+        err.print(f"meshd: network_policy deny cannot be enforced here ({missing}); the hook runs with the network")
     done = run_hook(hook, folder, hook_environment(config["daemon"]["mesh"], hook.name, event_id,
                                                    str(StateDir(state_dir).socket)),
-                    raw, float(limit("hook_kill_grace_s")))
+                    raw, float(limit("hook_kill_grace_s")), prefix=prefix)
     result: dict[str, Any] = {"hook": hook.name, **done.result(),
                               "stdout": done.stdout.decode("utf-8", "replace")}
     if done.event == "exit_ok":

@@ -36,6 +36,9 @@ class DaemonMetrics:
                                         ["hook", "state"], registry=r)
         self.hook_duration = Histogram("cm_daemon_hook_duration_seconds", "how long a hook's process ran", ["hook"],
                                        buckets=(0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 3600), registry=r)
+        self.hook_unenforceable = Counter(
+            "cm_daemon_hook_unenforceable_total", "hook runs whose network_policy deny could not be enforced",
+            ["hook", "reason"], registry=r)
         self._ipc_children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
         self.outbox = outbox
         self.link = link
@@ -65,6 +68,10 @@ class DaemonMetrics:
         self.hook_invocations.labels(hook, state).inc()
         if seconds is not None:
             self.hook_duration.labels(hook).observe(seconds)
+
+    def unenforceable(self, hook: str, reason: str) -> None:
+        """A hook ran without the isolation its hooks.toml asks for (§6.3)."""
+        self.hook_unenforceable.labels(hook, reason).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

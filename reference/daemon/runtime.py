@@ -286,7 +286,7 @@ class Runtime:
                 HookRuns(self.inbox, int(config["hooks"]["max_claims"])), self.hooks, hooks_folder(state_dir, config),
                 inbox_row=self.inbox.by_seq, submit_reply=submit, mesh=config["daemon"]["mesh"],
                 socket_path=str(files.socket), clock_ms=self.clock.ms, concurrency=int(config["hooks"]["concurrency"]),
-                on_finish=self._hook_finished)
+                on_finish=self._hook_finished, on_unenforceable=self.metrics.unenforceable)
             self.receiver.runner = self.hook_runner
 
     def _hook_finished(self, run: Any) -> None:

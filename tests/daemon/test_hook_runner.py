@@ -68,13 +68,13 @@ class Rig:
             self.runner.notify()
         return stored
 
-    def start(self, concurrency: int = 2) -> h.HookRunner:
+    def start(self, concurrency: int = 2, **options) -> h.HookRunner:
         submit = h.outbox_reply(parse_send, lambda item: self.outbox.accept_batch([item])[0],
                                 lambda: next(self.ids), lambda: int(time.time() * 1000), lambda: None)
         self.runner = h.HookRunner(self.runs, self.hooks(), self.folder, inbox_row=self.inbox.by_seq,
                                    submit_reply=submit, mesh="m", socket_path=str(self.tmp / "daemon.sock"),
                                    clock_ms=lambda: int(time.time() * 1000), concurrency=concurrency,
-                                   on_finish=self.finished.append)
+                                   on_finish=self.finished.append, **options)
         self.runner.start()
         return self.runner
 
@@ -126,6 +126,9 @@ def outbox_rows(rig: Rig) -> list[tuple[str, bytes]]:
     ("[on-message]\ncommand = \"x.sh\"\n", {"x.sh": "noexec"}, "x.sh is not executable"),
     ("[on-message]\ncommand = \"a\\u0000b\"\n", {}, "[on-message.command]: holds a NUL character"),
     ("[on-message]\ncommand = \"\"\n", {}, "[on-message.command]: '' should be non-empty"),
+    ("[on-message]\nnetwork_policy = \"allowlist\"\n", {"on-message": ""},
+     'network_policy = "allowlist": not enforced'),
+    ("[on-message]\nnetwork_policy = \"maybe\"\n", {"on-message": ""}, "'maybe' is not one of ['deny', 'allow']"),
 ])
 def test_hooks_toml_errors_name_the_file_the_hook_and_the_key(tmp_path, text, files, wanted):
     if text is not None:
@@ -462,7 +465,7 @@ def test_an_expired_lease_of_this_process_with_no_worker_is_reset(rig):
 
 def test_a_hook_that_cannot_start_fails_at_once(rig):
     script(rig.folder, "on-message", "")
-    toml(rig.folder, "[on-message]\n")
+    toml(rig.folder, "[on-message]\nnetwork_policy = \"allow\"\n")  # started directly, not through unshare
     rig.start()
     (rig.folder / "on-message").write_bytes(b"\x7fELFnot really")  # no interpreter, not a binary: exec fails
     rig.deliver(message(1))
@@ -573,3 +576,62 @@ def test_finished_runs_are_audited_and_counted(rig, capsys):
     assert 'cm_daemon_hook_invocations_total{hook="on-message",state="done"} 1.0' in text
     assert 'cm_daemon_hook_invocations_total{hook="on-dm",state="failed"} 1.0' in text
     assert 'cm_daemon_hook_duration_seconds_count{hook="on-dm"} 1.0' in text
+
+
+# --- network_policy (§6.3: best effort) ------------------------------------------------------------------------------
+CONNECT = """#!/usr/bin/python3
+import os, socket, sys
+try:
+    socket.create_connection(("127.0.0.1", int(sys.argv[0].rsplit("-", 1)[1])), timeout=2).close()
+    result = "connected"
+except OSError as exc:
+    result = type(exc).__name__
+open(os.path.join(os.path.dirname(sys.argv[0]), os.environ["CLAUDEMESH_HOOK_NAME"] + ".result"), "w").write(result)
+"""
+
+
+@pytest.fixture
+def listener():
+    import socket
+
+    server = socket.create_server(("127.0.0.1", 0))
+    server.listen(8)
+    yield server.getsockname()[1]
+    server.close()
+
+
+def connecting_hooks(rig: Rig, port: int, policies: dict[str, str]) -> None:
+    lines = []
+    for name, policy in policies.items():
+        path = rig.folder / f"{name}-{port}"
+        path.write_text(CONNECT)
+        path.chmod(0o755)
+        lines.append(f'[{name}]\ncommand = "{path.name}"\n' + (f'network_policy = "{policy}"\n' if policy else ""))
+    toml(rig.folder, "".join(lines))
+
+
+@pytest.mark.skipif(h.network_namespace()[0] is None, reason="this machine makes no network namespace for a hook")
+def test_network_policy_deny_runs_the_hook_without_the_network(rig, listener):
+    connecting_hooks(rig, listener, {"on-message": "", "on-dm": "allow"})  # deny is the default
+    rig.start()
+    rig.deliver(message(1))
+    assert [r.state for r in rig.wait_finished(2)] == ["done", "done"]
+    assert (rig.folder / "on-message.result").read_text() in ("ConnectionRefusedError", "OSError", "TimeoutError")
+    assert (rig.folder / "on-dm.result").read_text() == "connected"
+
+
+def test_a_deny_the_machine_cannot_enforce_runs_and_is_counted(rig, listener):
+    counted = []
+    connecting_hooks(rig, listener, {"on-message": "deny", "on-dm": "allow"})
+    rig.start(network=(None, "namespace_refused"), on_unenforceable=lambda hook, why: counted.append((hook, why)))
+    rig.deliver(message(1))
+    rig.wait_finished(2)
+    assert (rig.folder / "on-message.result").read_text() == "connected"
+    assert counted == [("on-message", "namespace_refused")]
+
+
+def test_the_namespace_probe_names_why_there_is_none(monkeypatch):
+    import shutil
+
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    assert h.network_namespace() == (None, "no_unshare")
