@@ -313,6 +313,8 @@ def run_hook(hook: Hook, folder: Path, env: dict[str, str], stdin: bytes, kill_g
     the network namespace's command, when given); on timeout SIGTERM to the group and SIGKILL ``kill_grace_s``
     later; after any exit the group is killed. ``spawned`` is called with the process as soon as it runs."""
     started = time.monotonic()
+    if not (hook.command.is_file() and os.access(hook.command, os.X_OK)):  # also when behind unshare
+        return HookProcess("exit_error", None, 0, b"", b"", 0, 0, error=f"{hook.command}: gone or not executable")
     try:
         process = subprocess.Popen([*(prefix or []), str(hook.command)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, env=env, cwd=folder, start_new_session=True,
@@ -385,11 +387,13 @@ class HookRunner:
                  submit_reply: ReplySubmitter, mesh: str, socket_path: str, clock_ms: Callable[[], int],
                  concurrency: int, on_finish: Callable[[StoredRun], None] | None = None,
                  on_unenforceable: Callable[[str, str], None] | None = None,
+                 publish: Callable[[str, dict[str, Any]], Any] | None = None,
                  network: tuple[list[str] | None, str] | None = None):
         self.runs, self.folder, self.mesh, self.socket_path = runs, folder, mesh, socket_path
         self.hooks = {hook.name: hook for hook in hooks}
         self.inbox_row, self.submit_reply, self.clock_ms = inbox_row, submit_reply, clock_ms
         self.concurrency, self.on_finish, self.on_unenforceable = concurrency, on_finish, on_unenforceable
+        self.publish = publish
         # req: HOOK-NETWORK-BEST-EFFORT -- probed once: a fresh network namespace where this machine allows one
         self.namespace, self.no_namespace = network if network is not None else network_namespace()
         if self.namespace is None and any(hook.network_policy == "deny" for hook in hooks):
@@ -522,6 +526,13 @@ class HookRunner:
         after, _ = finished
         level = logging.INFO if after.state == "done" else logging.WARNING
         log.log(level, "hook_audit %s", json.dumps(audit_record(after), separators=(",", ":")))
+        if self.publish is not None and result.get("exit") is not None and after.message_event is not None:
+            from reference.clock import rfc3339_ms
+
+            # req: HOOK-EXECUTED-EVENT -- after the mark: a stream never shows a run the inbox does not hold
+            self.publish("hook_executed", {"hook": after.hook, "event_id": after.message_event,
+                                           "exit": result["exit"], "duration_ms": result["duration_ms"],
+                                           "ts": rfc3339_ms(after.finished_at)})
         if self.on_finish is not None:
             self.on_finish(after)
 

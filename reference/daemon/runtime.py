@@ -286,7 +286,7 @@ class Runtime:
                 HookRuns(self.inbox, int(config["hooks"]["max_claims"])), self.hooks, hooks_folder(state_dir, config),
                 inbox_row=self.inbox.by_seq, submit_reply=submit, mesh=config["daemon"]["mesh"],
                 socket_path=str(files.socket), clock_ms=self.clock.ms, concurrency=int(config["hooks"]["concurrency"]),
-                on_finish=self._hook_finished, on_unenforceable=self.metrics.unenforceable)
+                on_finish=self._hook_finished, on_unenforceable=self.metrics.unenforceable, publish=self.bus.publish)
             self.receiver.runner = self.hook_runner
 
     def _hook_finished(self, run: Any) -> None:
@@ -401,8 +401,8 @@ class InboxReceiver:
         )
         runs: list[str] = []
 
-        def with_row(conn: sqlite3.Connection, row: InboxRow) -> None:
-            runs.extend(enqueue_runs(conn, row, matching(self.hooks, row), self.clock_ms()))
+        def with_row(conn: sqlite3.Connection, row: InboxRow, event_id: int) -> None:
+            runs.extend(enqueue_runs(conn, row, matching(self.hooks, row), self.clock_ms(), event_id))
 
         # req: HOOK-INBOX-FIRST -- a message's hook runs are written in the transaction that stores it (§5)
         stored = self.inbox.insert_with_event(message, message_payload, with_row=with_row if self.hooks else None)

@@ -63,7 +63,7 @@ class Rig:
     def deliver(self, msg: InboxMessage):
         hooks = self.hooks()
         stored = self.inbox.insert_with_event(
-            msg, with_row=lambda conn, row: enqueue(conn, row, h.matching(hooks, row), 0))
+            msg, with_row=lambda conn, row, event_id: enqueue(conn, row, h.matching(hooks, row), 0, event_id))
         if self.runner is not None:
             self.runner.notify()
         return stored
@@ -185,7 +185,7 @@ def test_runs_commit_with_their_inbox_row(rig):
     assert rig.deliver(message(1)) is None  # a duplicate inbound: no row, so no runs
     assert len(rig.runs.list()) == 2
 
-    def failing(conn, row):
+    def failing(conn, row, event_id):
         enqueue(conn, row, ["on-message"], 0)
         raise RuntimeError("the disk filled up")
 
@@ -635,3 +635,35 @@ def test_the_namespace_probe_names_why_there_is_none(monkeypatch):
 
     monkeypatch.setattr(shutil, "which", lambda name: None)
     assert h.network_namespace() == (None, "no_unshare")
+
+
+def test_a_finished_run_publishes_hook_executed(rig):
+    """E-13, E-48: one hook_executed per finished run whose process ran, after the mark, naming the message's
+    `message` event; none for a run that never started a process."""
+    import spec
+
+    published = []
+    script(rig.folder, "on-message", "exit 2\n")
+    script(rig.folder, "on-dm", "sleep 5\n")
+    toml(rig.folder, "[on-message]\n[on-dm]\ntimeout_s = 0.2\n")
+    rig.start(publish=lambda name, payload: published.append((name, payload, rig.runs.counts())))
+    _, event_id = rig.deliver(message(1))
+    rig.wait_finished(2)
+    deadline = time.monotonic() + 5
+    while len(published) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    events = {payload["hook"]: (name, payload, counts) for name, payload, counts in published}
+    assert set(events) == {"on-message", "on-dm"} and len(published) == 2
+    validator = spec.validator("sse/hook_executed")
+    for name, payload, counts in events.values():
+        assert name == "hook_executed" and not list(validator.iter_errors(payload))
+        assert payload["event_id"] == event_id and counts.get("pending", 0) + counts.get("claimed", 0) < 2
+    assert events["on-message"][1]["exit"] == 2 and events["on-dm"][1]["exit"] == -signal.SIGTERM
+    rig.runner.publish = lambda *a: published.append(a)
+    (rig.folder / "on-message").unlink()  # a run with no process: no event
+    rig.inbox.insert_with_event(message(2, topic="t"),
+                                with_row=lambda conn, row, event: enqueue(conn, row, ["on-message"], 0, event))
+    rig.runner.notify()
+    rig.wait_finished(3)
+    time.sleep(0.3)
+    assert len(published) == 2

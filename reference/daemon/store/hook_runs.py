@@ -19,8 +19,8 @@ from reference.core import hooks as core
 
 from .inbox import InboxRow, InboxStore
 
-_COLUMNS = ("id", "inbox_seq", "client_message_id", "hook", "state", "claims", "enqueued_at", "claimed_at",
-            "lease_until", "claim_owner", "pgid", "pgid_started", "finished_at", "result")
+_COLUMNS = ("id", "inbox_seq", "message_event", "client_message_id", "hook", "state", "claims", "enqueued_at",
+            "claimed_at", "lease_until", "claim_owner", "pgid", "pgid_started", "finished_at", "result")
 _SELECT = f"SELECT {', '.join(_COLUMNS)} FROM hook_runs"
 
 
@@ -30,6 +30,7 @@ class StoredRun:
 
     id: int
     inbox_seq: int
+    message_event: int | None
     client_message_id: str
     hook: str
     state: str
@@ -58,14 +59,17 @@ def _run(values: Iterable[Any]) -> StoredRun:
     return StoredRun(**record)
 
 
-def enqueue(conn: sqlite3.Connection, row: InboxRow, hooks: Iterable[str], now_ms: int) -> list[str]:
-    """Insert one pending run per hook for the new inbox ``row``, on the caller's transaction; the table rows."""
+def enqueue(conn: sqlite3.Connection, row: InboxRow, hooks: Iterable[str], now_ms: int,
+            message_event: int | None = None) -> list[str]:
+    """Insert one pending run per hook for the new inbox ``row`` (whose ``message`` SSE event has the id
+    ``message_event``), on the caller's transaction; the table rows."""
     decided = []
     for hook in hooks:
         step = core.enqueue(row.client_message_id, hook)
         # req: HOOK-INBOX-FIRST -- the runs commit with their inbox row, never before it
-        conn.execute("INSERT INTO hook_runs (inbox_seq, client_message_id, hook, state, enqueued_at)"
-                     " VALUES (?, ?, ?, ?, ?)", (row.seq, row.client_message_id, hook, step.run.state, now_ms))
+        conn.execute("INSERT INTO hook_runs (inbox_seq, message_event, client_message_id, hook, state, enqueued_at)"
+                     " VALUES (?, ?, ?, ?, ?, ?)",
+                     (row.seq, message_event, row.client_message_id, hook, step.run.state, now_ms))
         decided.append(step.row)
     return decided
 

@@ -222,11 +222,12 @@ class InboxStore(SqliteStore):
         message: InboxMessage,
         payload: Callable[[InboxRow], Mapping[str, Any]] = message_event_payload,
         event_name: str = "message",
-        with_row: Callable[[sqlite3.Connection, InboxRow], Any] | None = None,
+        with_row: Callable[[sqlite3.Connection, InboxRow, int], Any] | None = None,
     ) -> tuple[InboxRow, int] | None:
         """Store ``message`` and its SSE event in ONE transaction; ``None`` (and no event) for a duplicate.
 
-        ``with_row`` writes what else commits with a new row (its hook runs, E-48) on the same transaction.
+        ``with_row(conn, row, event_id)`` writes what else commits with a new row (its hook runs, E-48) on the same
+        transaction.
         Returns the row and the event id. The caller sends ``client_ack`` and streams the event afterwards.
         """
         with self._transaction() as conn:
@@ -234,10 +235,11 @@ class InboxStore(SqliteStore):
             # req: INB-DEDUPE-EVENT, INB-DURABLE-BEFORE-ACK -- the event commits with the new row, before the client_ack
             if row is None:
                 return None
+            event_id = self._append(conn, event_name, payload(row))
             if with_row is not None:
                 # req: HOOK-NEW-ROWS-ONLY -- only a new row gets what commits with it: a redelivery runs no hook
-                with_row(conn, row)
-            return row, self._append(conn, event_name, payload(row))
+                with_row(conn, row, event_id)
+            return row, event_id
 
     def get(self, inbox_id: str) -> InboxRow | None:
         """The row with this inbox id."""
