@@ -49,11 +49,7 @@ def _runs(state_dir: Path, config: dict[str, Any]):
 
 
 def cmd_hooks_list(args: argparse.Namespace, state_dir: Path) -> int:
-    try:
-        config, folder, hooks = _hooks(state_dir)
-    except ConfigError as exc:
-        err.print(f"meshd: invalid configuration: {exc}")
-        return exit_code("invalid_config")
+    config, folder, hooks = _hooks(state_dir)
     runs = _runs(state_dir, config)
     try:
         counts = runs.counts_by_hook() if runs is not None else {}
@@ -80,11 +76,7 @@ def cmd_hooks_list(args: argparse.Namespace, state_dir: Path) -> int:
 
 
 def cmd_hooks_test(args: argparse.Namespace, state_dir: Path) -> int:
-    try:
-        config, folder, hooks = _hooks(state_dir)
-    except ConfigError as exc:
-        err.print(f"meshd: invalid configuration: {exc}")
-        return exit_code("invalid_config")
+    config, folder, hooks = _hooks(state_dir)
     hook = next((h for h in hooks if h.name == args.name), None)
     if hook is None:
         err.print(f"meshd: no enabled hook {args.name!r} in {folder / 'hooks.toml'} "
@@ -130,11 +122,7 @@ def cmd_hooks_test(args: argparse.Namespace, state_dir: Path) -> int:
 
 
 def cmd_hooks_audit(args: argparse.Namespace, state_dir: Path) -> int:
-    try:
-        config = load(StateDir(state_dir).config).values
-    except ConfigError as exc:
-        err.print(f"meshd: invalid configuration: {exc}")
-        return exit_code("invalid_config")
+    config = load(StateDir(state_dir).config).values
     runs = _runs(state_dir, config)
     if runs is None:
         err.print(f"meshd: no inbox in {state_dir}")
@@ -171,4 +159,13 @@ def add_commands(sub: argparse._SubParsersAction, common, state_dir) -> None:
         common(parser)
         if parser is not test:
             parser.add_argument("--json", action="store_true")
-        parser.set_defaults(func=lambda args, f=func: f(args, state_dir(args)))
+        parser.set_defaults(func=lambda args, f=func: _configured(f, args, state_dir(args)))
+
+
+def _configured(command, args: argparse.Namespace, state_dir: Path) -> int:
+    """Run ``command``; a config.toml or hooks.toml it cannot use is exit 3, named."""
+    try:
+        return command(args, state_dir)
+    except ConfigError as exc:
+        err.print(f"meshd: invalid configuration: {exc}")
+        return exit_code("invalid_config")
