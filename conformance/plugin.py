@@ -58,6 +58,11 @@ class NodeResult:
     detail: str = ""
     attributed: bool = False  # the failure is already recorded against the requirement it breaks
     checks: list[Check] = field(default_factory=list)
+    reported: bool = False  # a call report was taken: a node with subtests (schemathesis) reports once per subtest
+
+
+#: a node's outcome is its worst report's: a subtest that failed is not undone by the node's own "passed"
+RANK = {"skipped": 0, "passed": 1, "failed": 2, "error": 3}
 
 
 @dataclass
@@ -411,6 +416,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
         node.checks = _attribute(declared, recorder, node)
         return
     if report.when == "call" or (report.when == "setup" and report.failed):
+        before = (node.outcome, node.detail, node.attributed, list(node.checks)) if node.reported else None
+        node.reported = True
         exc = excinfo.value if excinfo is not None else None
         if report.skipped:
             node.outcome, node.detail = "skipped", _skip_reason(report)
@@ -433,7 +440,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
             state.harness_errors.append(f"{item.nodeid}: harness fault {describe(exc)}")
         if report.when == "setup" and node.outcome == "failed" and isinstance(exc, AssertionError):
             node.detail = describe(exc)
-        node.checks = _attribute(declared, recorder, node)
+        checks = _attribute(declared, recorder, node)
+        if before is not None:  # a later subtest, or the node after its subtests: keep the worst, keep all evidence
+            if RANK[before[0]] > RANK[node.outcome]:
+                node.outcome, node.detail, node.attributed = before[0], before[1], before[2]
+            checks = before[3] + [c for c in checks if c not in before[3]]
+        node.checks = checks
     elif report.when == "teardown" and report.failed and node.outcome != "error":
         exc = excinfo.value if excinfo is not None else None
         if isinstance(exc, (CaseTimeout, *TARGET_FAILURES)):

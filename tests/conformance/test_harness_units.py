@@ -356,3 +356,77 @@ def test_the_default_timing_is_the_timing_and_limits_tables():
                                           reconnect["jitter"])
     assert (default.keepalive_s, default.header_read_s, default.body_read_s) == (
         table["sse_keepalive_s"]["value"], limits["ipc_header_read_s"]["value"], limits["ipc_body_read_s"]["value"])
+
+
+SUBTESTS = '''
+from conformance.registry import case
+from conformance.verdict import Attributed
+
+
+@case("unit.subtests", "API-VERSION", "API-HEALTH")
+def test_one_subtest_breaks(verdict, subtests):
+    for n in range(3):
+        with subtests.test(n=n):
+            if n == 1:
+                verdict.expect("API-VERSION", False, "subtest 1 broke")
+                raise Attributed("subtest 1 broke")
+            verdict.expect("API-VERSION", True)
+    verdict.expect("API-HEALTH", True)
+
+
+@case("unit.subtests_pass", "API-COMPAT")
+def test_every_subtest_holds(verdict, subtests):
+    for n in range(2):
+        with subtests.test(n=n):
+            verdict.expect("API-COMPAT", True)
+'''
+
+
+def test_a_failed_subtest_fails_its_case_though_the_node_passes(tmp_path):
+    """schemathesis runs each API operation as a subtest of one node, whose own report then says passed: a subtest
+    that failed must still fail the case and its requirement (the worst report of a node wins, its evidence adds
+    up)."""
+    cases = tmp_path / "cases"
+    cases.mkdir()
+    (cases / "test_subtests.py").write_text(SUBTESTS)
+    subprocess.run([sys.executable, "-m", "pytest", str(cases), "-p", "conformance.plugin", "-p", "no:terminal",
+                    "-p", "no:timeout", "-p", "no:cacheprovider", "-o", "addopts=", "--meshspec-case-timeout=30",
+                    f"--meshspec-report-dir={tmp_path / 'r'}", "--rootdir", str(tmp_path)],
+                   cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+    built = json.loads((tmp_path / "r" / "report.json").read_text())
+    rows = {r["id"]: r for r in built["requirements"]}
+    cases_by_id = {c["id"]: c for c in built["cases"]}
+    assert rows["API-VERSION"]["verdict"] == "fail" and "subtest 1 broke" in rows["API-VERSION"]["reason"]
+    assert rows["API-HEALTH"]["verdict"] == "pass" and rows["API-COMPAT"]["verdict"] == "pass"
+    assert cases_by_id["unit.subtests"]["outcome"] == "failed"
+    assert "subtest 1 broke" in cases_by_id["unit.subtests"]["detail"]
+    assert cases_by_id["unit.subtests_pass"]["outcome"] == "passed"
+    assert built["summary"]["exit_code"] == 1
+
+
+def test_only_a_documented_answer_before_routing_is_exempt_from_the_operation_s_statuses():
+    import httpx
+
+    from conformance.cases.test_fuzz import before_routing_problem
+
+    def answer(status: int, body, content_type: str = "application/problem+json") -> httpx.Response:
+        return httpx.Response(status, headers={"Content-Type": content_type},
+                              content=body if isinstance(body, bytes) else json.dumps(body).encode())
+
+    def problem(code: str, status: int) -> dict:
+        return {"type": f"urn:meshspec:error:{code}", "title": "t", "status": status, "detail": "d", "error": code}
+
+    assert (before_routing_problem(answer(414, problem("uri_too_long", 414)))
+            == "414 uri_too_long, answered before routing")
+    assert before_routing_problem(answer(431, problem("header_fields_too_large", 431))) is not None
+    assert before_routing_problem(answer(408, problem("request_timeout", 408))) is not None
+    assert before_routing_problem(answer(400, problem("malformed_http", 400))) is not None
+    assert before_routing_problem(answer(400, problem("invalid_json", 400))) is None  # a route's own 400
+    assert before_routing_problem(answer(414, problem("malformed_http", 400))) is None  # code and status disagree
+    assert before_routing_problem(answer(414, problem("uri_too_long", 414), "application/json")) is None
+    assert before_routing_problem(answer(414, b"URI too long", "text/plain")) is None
+    assert before_routing_problem(answer(414, {**problem("uri_too_long", 414), "type": "about:blank"})) is None
+    assert before_routing_problem(answer(404, problem("not_found", 404))) is None
+    missing = problem("uri_too_long", 414)
+    del missing["title"]
+    assert before_routing_problem(answer(414, missing)) is None  # not the problem schema
