@@ -26,6 +26,7 @@ from reference.core.limits import limit
 from spec import SPEC_VERSION, load_table, openapi, openapi_parameter, parameter_validator, schema
 
 from . import ports, problems
+from .capabilities import Capabilities
 from .contract import ResponseContract
 from .deadlines import peer_gone
 from .guard import BodyDrain, Guard, body_stream, transport_of
@@ -71,6 +72,7 @@ class DaemonContext:
     started_at: float | None = None
     draining: threading.Event = field(default_factory=threading.Event)
     schema_version: int = SCHEMA_VERSION  # what the opened stores are at (runtime.py); the shipped migrations' count
+    capabilities: Capabilities | None = None  # the running hooks' tokens and process groups (E-50)
 
     def __post_init__(self) -> None:
         if self.started_at is None:
@@ -211,8 +213,9 @@ class Metrics:
 
 
 class Send:
-    def __init__(self, ctx: DaemonContext):
+    def __init__(self, ctx: DaemonContext, guard: Guard):
         self.ctx = ctx
+        self.guard = guard
 
     def on_post(self, req, resp):
         _no_writes_while_draining(self.ctx)
@@ -228,6 +231,10 @@ class Send:
         except RequestError as exc:
             raise Problem(exc.code, exc.detail,
                           invalid_params=[{"name": n, "reason": r} for n, r in exc.invalid_params] or None) from exc
+        if req.context.capability is not None:
+            # req: HOOK-CAP-SCOPE -- the destination a hook's token may send to
+            self.guard.check_grant(req.context.capability, request.destination_kind, request.destination_ref,
+                                   request.reply_to_id)
         _check_carriable(request, self.ctx.link)
         # req: IPC-ID-MINTED-ULID, IPC-STABLE-ID
         cmid = request.client_message_id or self.ctx.mint_id()
@@ -456,7 +463,7 @@ class AccessLog:
 
 def create_app(ctx: DaemonContext, requeue: Callable[..., dict[str, Any]]) -> falcon.App:
     """The IPC app: routes, the guard, the access counter and the single error serialiser."""
-    guard = Guard(ctx.token, int(ctx.config["ipc"]["max_inflight"]))
+    guard = Guard(ctx.token, int(ctx.config["ipc"]["max_inflight"]), capabilities=ctx.capabilities)
     middleware = [AccessLog(ctx.metrics), guard, BodyDrain()]
     if ctx.config["daemon"].get("check_responses"):
         middleware.insert(0, ResponseContract())  # first in the list: its process_response runs last
@@ -469,7 +476,7 @@ def create_app(ctx: DaemonContext, requeue: Callable[..., dict[str, Any]]) -> fa
     app.add_route("/v1/health", Health(ctx))
     app.add_route("/v1/compat", Compat())
     app.add_route("/v1/metrics", Metrics(ctx))
-    app.add_route("/v1/send", Send(ctx))
+    app.add_route("/v1/send", Send(ctx, guard))
     app.add_route("/v1/inbox", Inbox(ctx))
     app.add_route("/v1/events", Events(ctx, guard))
     app.add_route("/v1/peers", Peers(ctx))

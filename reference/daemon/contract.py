@@ -73,12 +73,19 @@ def _at(pointer: str) -> Any:
     return node
 
 
+#: the answers spec/openapi.yaml's order of checks gives before routing (steps 1-4), so on any path and method too
+BEFORE_ROUTING = {400: "/components/responses/TokenInQuery", 401: "/components/responses/Unauthorized",
+                  403: "/components/responses/Forbidden"}
+
+
 def _response(template: str | None, method: str, status: int) -> tuple[str | None, str]:
     """The JSON pointer of the response spec/openapi.yaml documents for this answer, or None and why not."""
+    operation = None if template is None else _document()["paths"].get(template, {}).get(method)
+    if operation is None and status in BEFORE_ROUTING:
+        return BEFORE_ROUTING[status], ""
     if template is None:
         return ("/components/responses/NotFound", "") if status == 404 else (
             None, f"{status} for a path no route has (spec/openapi.yaml: 404 not_found)")
-    operation = _document()["paths"].get(template, {}).get(method)
     if operation is None:
         return ("/components/responses/MethodNotAllowed", "") if status == 405 else (
             None, f"{status} for a method {template} does not define (spec/openapi.yaml: 405 method_not_allowed)")

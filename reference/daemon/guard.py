@@ -1,7 +1,10 @@
 """Transport security and limits for every IPC request (§3.2, §3.4).
 
 Order of checks: Host over TCP (403 forbidden_host), Origin (403 forbidden_origin), token in the query string (400
-token_in_query), bearer token over TCP (401, compared in constant time), then the in-flight cap (429 daemon_busy).
+token_in_query), a hook's capability token (E-50: 403 over TCP, 401 capability_invalid, 403 capability_denied for a
+route it can never call) or, on the unix socket, a running hook's process that presents none (403
+capability_required), bearer token over TCP (401, compared in constant time), then the in-flight cap (429
+daemon_busy). The destination of a send made with a capability token is checked by the send route, once parsed.
 Requests over the unix socket skip the Host and bearer checks (E-27): no browser can reach a unix socket, its 0600
 mode is the gate, and unix-socket clients put arbitrary names in Host. The in-flight cap is counted per transport
 (E-43): requests held up on TCP never make the unix socket answer 429.
@@ -19,6 +22,8 @@ from gunicorn.http.errors import ParseException
 
 from reference.core.limits import limit
 
+from .capabilities import SCHEME as CAPABILITY_SCHEME
+from .capabilities import Capabilities, peer_pid
 from .deadlines import DeadlineSocket, ReadTimeout
 from .problems import Problem
 
@@ -62,8 +67,10 @@ def host_is_loopback(host: str | None) -> bool:
 class Guard:
     """Falcon middleware enforcing §3.2 and the in-flight cap."""
 
-    def __init__(self, token: str, max_inflight: int, public_paths: frozenset[str] = frozenset()):
+    def __init__(self, token: str, max_inflight: int, public_paths: frozenset[str] = frozenset(),
+                 capabilities: Capabilities | None = None):
         self._token = token.encode()
+        self._capabilities = capabilities
         self._max_inflight = max_inflight
         self._inflight = {UNIX: 0, TCP: 0}
         self._lock = threading.Lock()
@@ -82,6 +89,18 @@ class Guard:
         if QUERY_TOKEN_NAMES & set(req.params):
             log.warning("ipc_token_in_query_string_rejected path=%s", req.path)
             raise Problem("token_in_query", "send the token in the Authorization header, never in the URL")
+        req.context.capability = None
+        scheme, _, presented = (req.get_header("Authorization") or "").partition(" ")
+        if scheme.lower() == CAPABILITY_SCHEME.lower():
+            self._check_capability(req, tcp, presented.strip())
+            return
+        if not tcp and self._capabilities is not None and self._capabilities.running and \
+                self._capabilities.hook_process(peer_pid(req.env.get("gunicorn.socket"))):
+            # req: HOOK-CAP-REQUIRED -- a hook's process has its token's rights or none
+            log.warning("ipc_hook_without_capability path=%s", req.path)
+            raise Problem("capability_required", "a hook's process calls the daemon with its capability token "
+                          f"(Authorization: {CAPABILITY_SCHEME} <CLAUDEMESH_CAPABILITY_TOKEN>), and only for what "
+                          "its capability_token_scope grants")
         # req: AUTH-BEARER -- every route over TCP
         if tcp and req.path not in self._public_paths:
             self._check_bearer(req.get_header("Authorization"))
@@ -100,6 +119,35 @@ class Guard:
                 raise problem
             self._inflight[transport] += 1
             req.context.counted = transport
+
+    def _check_capability(self, req: falcon.Request, tcp: bool, presented: str) -> None:
+        # req: HOOK-CAP-LOCAL -- local IPC only: the unix socket
+        if tcp:
+            raise Problem("capability_denied", f"{CAPABILITY_SCHEME} tokens are taken on the unix socket only")
+        capability = self._capabilities.lookup(presented) if self._capabilities is not None and presented else None
+        if capability is None:
+            # req: HOOK-CAP-REVOKED -- unknown, revoked at the hook's exit, or past hook_capability_ttl_s
+            problem = Problem("capability_invalid", "the capability token is unknown, expired or revoked: it lives "
+                              "until its hook exits")
+            problem.headers["WWW-Authenticate"] = f'{CAPABILITY_SCHEME} realm="meshd"'
+            raise problem
+        # req: HOOK-CAP-SCOPE -- no read scopes: a token can only ever send
+        if (req.method, req.path) != ("POST", "/v1/send"):
+            self._capabilities.called(capability, None)
+            raise Problem("capability_denied", f"a capability token grants POST /v1/send only, not {req.method} "
+                          f"{req.path[:200]}")
+        req.context.capability = capability
+
+    def check_grant(self, capability, kind: str, ref: str, reply_to_id: str) -> None:
+        """403 unless ``capability`` grants a send to ``(kind, ref)`` answering ``reply_to_id``; counts the call."""
+        grant = capability.grant_for(kind, ref, reply_to_id)
+        self._capabilities.called(capability, None if grant is None else grant.scope)
+        if grant is None:
+            # req: HOOK-CAP-SCOPE -- bound to the message that fired the hook
+            scopes = ", ".join(sorted({g.scope for g in capability.grants})) or "none for this message"
+            raise Problem("capability_denied", f"the token of hook {capability.hook} does not grant a send to "
+                          f"{kind} {ref[:80]}" + (f" answering {reply_to_id[:80]}" if reply_to_id else "") +
+                          f" (its scopes: {scopes})")
 
     def _check_bearer(self, header: str | None) -> None:
         scheme, _, presented = (header or "").partition(" ")

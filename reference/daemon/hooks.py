@@ -33,6 +33,7 @@ import spec
 from reference.core import RequestError, reply_client_message_id
 from reference.core.limits import limit
 
+from .capabilities import Capabilities, bind_scopes
 from .config import ConfigError
 from .store.hook_runs import HookRuns, StoredRun
 from .store.inbox import InboxRow
@@ -44,8 +45,7 @@ HOOKS_FILE = "hooks.toml"
 #: the hook names of §6 this daemon does not run (they react to something other than an inbound message)
 NOT_RUN = ("on-mention", "on-file-share", "on-disconnect", "on-reconnect", "on-startup", "pre-send")
 #: the §6 keys of a hook this daemon does not enforce yet; refused rather than silently ignored
-NOT_ENFORCED = ("redact_payload", "capability_token_scope", "network_allowlist", "fs_policy",
-                "killpg_on_timeout", "audit", "sandbox")
+NOT_ENFORCED = ("redact_payload", "network_allowlist", "fs_policy", "killpg_on_timeout", "audit", "sandbox")
 PATH = "/usr/bin:/bin"  # §6: the whole PATH a hook gets
 
 
@@ -63,6 +63,7 @@ class Hook:
     output_limit: int
     allow_reply: bool
     network_policy: str = "deny"  # deny: in a network namespace of its own where the machine allows one; allow
+    scopes: tuple[str, ...] = ()  # capability_token_scope (E-50): a token for each run when not empty
 
     def matches(self, row: InboxRow) -> bool:
         """Whether this hook runs for the inbound ``row``."""
@@ -110,8 +111,23 @@ def load_hooks(folder: Path, default_timeout_s: float) -> list[Hook]:
         command = _command(folder, name, entry.get("command"), path)
         hooks.append(Hook(name, command, float(entry.get("timeout_s", default_timeout_s)),
                           int(entry.get("output_size_limit", limit("hook_output_bytes"))),
-                          bool(entry.get("allow_reply", False)), str(entry.get("network_policy", "deny"))))
+                          bool(entry.get("allow_reply", False)), str(entry.get("network_policy", "deny")),
+                          _scopes(name, entry.get("capability_token_scope", []), path)))
     return hooks
+
+
+def _scopes(name: str, scopes: list[str], path: Path) -> tuple[str, ...]:
+    """The scopes of hook ``name`` (schema-valid), refusing one that could never grant anything: v4 §6.2 binds a
+    topic scope to the topic that fired the hook, so ``on-topic-a`` cannot hold ``topic:b:post``, nor ``on-dm`` any."""
+    for scope in scopes:
+        if not scope.startswith("topic:"):
+            continue
+        topic = scope[len("topic:"):-len(":post")]
+        fires_on = name[len("on-topic-"):] if name.startswith("on-topic-") else None
+        if name == "on-dm" or (fires_on is not None and fires_on != topic):
+            raise HooksConfigError(f"{path}: [{name}.capability_token_scope]: {scope} can never be granted: a topic "
+                                   "scope is bound to the topic of the message that fired the hook (v4 §6.2)")
+    return tuple(scopes)
 
 
 def _command(folder: Path, name: str, given: str | None, path: Path) -> Path:
@@ -274,11 +290,16 @@ class HookProcess:
         return result
 
 
-def hook_environment(mesh: str, hook: str, event_id: str, socket_path: str) -> dict[str, str]:
+def hook_environment(mesh: str, hook: str, event_id: str, socket_path: str,
+                     capability_token: str | None = None) -> dict[str, str]:
     """The whole environment of a hook's process (§6)."""
     # req: HOOK-ENVIRONMENT -- a bare environment: no broker credential, PATH=/usr/bin:/bin
-    return {"PATH": PATH, "CLAUDEMESH_MESH": mesh, "CLAUDEMESH_HOOK_NAME": hook, "CLAUDEMESH_EVENT_ID": event_id,
-            "CLAUDEMESH_DAEMON_SOCK": socket_path}
+    env = {"PATH": PATH, "CLAUDEMESH_MESH": mesh, "CLAUDEMESH_HOOK_NAME": hook, "CLAUDEMESH_EVENT_ID": event_id,
+           "CLAUDEMESH_DAEMON_SOCK": socket_path}
+    if capability_token is not None:
+        # req: HOOK-CAP-ENV -- only when a scope is configured
+        env["CLAUDEMESH_CAPABILITY_TOKEN"] = capability_token
+    return env
 
 
 #: how a hook is started in a network namespace of its own, tried in order (``network_namespace``)
@@ -367,8 +388,8 @@ def parse_reply(done: HookProcess) -> str | dict[str, str] | None:
 
 
 def audit_record(run: StoredRun) -> dict[str, Any]:
-    """The audit line of a finished run (v2 §6.5's members, and its state). ``capability_calls`` is 0: this daemon
-    grants no capability token yet, so a hook can make none."""
+    """The audit line of a finished run (v2 §6.5's members, and its state); ``capability_calls`` counts the requests
+    the hook made with its capability token, granted or refused (E-50)."""
     from reference.clock import rfc3339_ms
 
     result = run.result or {}
@@ -376,7 +397,8 @@ def audit_record(run: StoredRun) -> dict[str, Any]:
     return {"hook": run.hook, "event_id": run.client_message_id, "state": run.state, "claims": run.claims,
             "exit": result.get("exit"), "duration_ms": result.get("duration_ms"),
             "stdout_bytes": result.get("stdout_bytes"), "stderr_bytes": result.get("stderr_bytes"),
-            "replied": reply.get("http_status") in (200, 202), "capability_calls": 0,
+            "replied": reply.get("http_status") in (200, 202),
+            "capability_calls": result.get("capability_calls", 0),
             "ts": rfc3339_ms(run.finished_at) if run.finished_at is not None else None}
 
 
@@ -388,12 +410,13 @@ class HookRunner:
                  concurrency: int, on_finish: Callable[[StoredRun], None] | None = None,
                  on_unenforceable: Callable[[str, str], None] | None = None,
                  publish: Callable[[str, dict[str, Any]], Any] | None = None,
-                 network: tuple[list[str] | None, str] | None = None):
+                 network: tuple[list[str] | None, str] | None = None, capabilities: Capabilities | None = None):
         self.runs, self.folder, self.mesh, self.socket_path = runs, folder, mesh, socket_path
         self.hooks = {hook.name: hook for hook in hooks}
         self.inbox_row, self.submit_reply, self.clock_ms = inbox_row, submit_reply, clock_ms
         self.concurrency, self.on_finish, self.on_unenforceable = concurrency, on_finish, on_unenforceable
         self.publish = publish
+        self.capabilities = capabilities if capabilities is not None else Capabilities()
         # req: HOOK-NETWORK-BEST-EFFORT -- probed once: a fresh network namespace where this machine allows one
         self.namespace, self.no_namespace = network if network is not None else network_namespace()
         if self.namespace is None and any(hook.network_policy == "deny" for hook in hooks):
@@ -491,7 +514,16 @@ class HookRunner:
             self._finish(run, "exit_error", {"outcome": reason})
             return
 
+        capability = None
+        if hook.scopes:
+            # req: HOOK-CAP-SCOPE -- every scope bound to this message when the token is minted
+            capability = self.capabilities.mint(hook.name, run.id, bind_scopes(
+                hook.scopes, row.topic, row.sender_pubkey, row.broker_message_id))
+        group: list[int] = []
+
         def spawned(process: subprocess.Popen) -> None:
+            self.capabilities.enter(process.pid, capability)  # start_new_session: the pid is the group's id
+            group.append(process.pid)
             with self._held_lock:
                 self._held[run.id] = process
             self.runs.record_process(run.id, self.owner, process.pid, process_started(process.pid))
@@ -501,10 +533,16 @@ class HookRunner:
             prefix = self.namespace
             if prefix is None and self.on_unenforceable is not None:
                 self.on_unenforceable(hook.name, self.no_namespace)
-        done = run_hook(hook, self.folder, hook_environment(self.mesh, hook.name, row.client_message_id,
-                                                            self.socket_path),
-                        event_document(row, hook.name, self.stdin_limit), self.kill_grace_s, spawned, prefix)
+        environment = hook_environment(self.mesh, hook.name, row.client_message_id, self.socket_path,
+                                       None if capability is None else capability.token)
+        try:
+            done = run_hook(hook, self.folder, environment, event_document(row, hook.name, self.stdin_limit),
+                            self.kill_grace_s, spawned, prefix)
+        finally:
+            self.capabilities.leave(group[0] if group else None, capability)
         result = done.result()
+        if capability is not None:
+            result["capability_calls"] = capability.calls
         if done.truncated:
             log.warning("hook_output_truncated hook=%s run=%d stdout_bytes=%d stderr_bytes=%d limit=%d", hook.name,
                         run.id, done.stdout_bytes, done.stderr_bytes, hook.output_limit)

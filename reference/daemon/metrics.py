@@ -39,6 +39,9 @@ class DaemonMetrics:
         self.hook_unenforceable = Counter(
             "cm_daemon_hook_unenforceable_total", "hook runs whose network_policy deny could not be enforced",
             ["hook", "reason"], registry=r)
+        self.hook_capability_calls = Counter(
+            "cm_daemon_hook_capability_calls_total", "requests made with a hook's capability token, by the scope that "
+            "granted each (none: refused)", ["hook", "scope"], registry=r)
         self._ipc_children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
         self.outbox = outbox
         self.link = link
@@ -72,6 +75,10 @@ class DaemonMetrics:
     def unenforceable(self, hook: str, reason: str) -> None:
         """A hook ran without the isolation its hooks.toml asks for (§6.3)."""
         self.hook_unenforceable.labels(hook, reason).inc()
+
+    def capability_call(self, hook: str, scope: str) -> None:
+        """A request made with a hook's capability token: granted by ``scope``, or refused (``none``, E-50)."""
+        self.hook_capability_calls.labels(hook, scope).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -34,6 +34,7 @@ from spec import load_table
 
 from . import identity
 from .app import DaemonContext, create_app
+from .capabilities import Capabilities
 from .committer import GroupCommitter
 from .config import Config
 from .events import EventBus
@@ -270,12 +271,15 @@ class Runtime:
         self.metrics.link = self.link
         self.link.state.quarantined = self.inbox.quarantine_count()
         self.committer = parts.committer(self.outbox.accept_batch, float(config["outbox"]["group_commit_ms"]) / 1000)
+        # E-50: the running hooks' capability tokens and process groups, shared by the runner and the IPC guard
+        self.capabilities = Capabilities(on_call=self.metrics.capability_call)
         self.ctx = DaemonContext(config=config.values, token=self.token, outbox=self.outbox, inbox=self.inbox,
                                  link=self.link, events=self.bus, committer=self.committer, metrics=self.metrics,
                                  member_pubkey=self.keypair.public_hex, clock=self.clock,
                                  started_at=self.clock(), parse_send=parts.parse_send,
                                  # req: API-SCHEMA-VERSION -- E-47: migrations applied to both files
-                                 schema_version=self.outbox.schema_version + self.inbox.schema_version)
+                                 schema_version=self.outbox.schema_version + self.inbox.schema_version,
+                                 capabilities=self.capabilities)
         self.app = parts.create_app(self.ctx, self.requeue)
         self._closed = threading.Event()
         self.hook_runner: HookRunner | None = None
@@ -286,7 +290,8 @@ class Runtime:
                 HookRuns(self.inbox, int(config["hooks"]["max_claims"])), self.hooks, hooks_folder(state_dir, config),
                 inbox_row=self.inbox.by_seq, submit_reply=submit, mesh=config["daemon"]["mesh"],
                 socket_path=str(files.socket), clock_ms=self.clock.ms, concurrency=int(config["hooks"]["concurrency"]),
-                on_finish=self._hook_finished, on_unenforceable=self.metrics.unenforceable, publish=self.bus.publish)
+                on_finish=self._hook_finished, on_unenforceable=self.metrics.unenforceable, publish=self.bus.publish,
+                capabilities=self.capabilities)
             self.receiver.runner = self.hook_runner
 
     def _hook_finished(self, run: Any) -> None:

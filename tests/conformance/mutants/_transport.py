@@ -234,7 +234,7 @@ def _unread_body_left():
         problems.install(app)
         for path, resource in (("/v1/version", reference_app.Version(ctx)), ("/v1/health", reference_app.Health(ctx)),
                                ("/v1/compat", reference_app.Compat()), ("/v1/metrics", reference_app.Metrics(ctx)),
-                               ("/v1/send", reference_app.Send(ctx)), ("/v1/inbox", reference_app.Inbox(ctx)),
+                               ("/v1/send", reference_app.Send(ctx, guard)), ("/v1/inbox", reference_app.Inbox(ctx)),
                                ("/v1/events", reference_app.Events(ctx, guard)),
                                ("/v1/peers", reference_app.Peers(ctx)), ("/v1/profile", reference_app.Profile(ctx)),
                                ("/v1/outbox", reference_app.Outbox(ctx)),
