@@ -206,7 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     runner.add_argument("--target", default="reference",
                         help="reference (default) | unix:///path/daemon.sock | http://127.0.0.1:PORT")
     runner.add_argument("--launch", help="launch template with {broker_url} {state_dir} {socket} {port} {token_file} "
-                        "{target_file} {clock_file} {config} {trace_dir} (conformance/launch.py)")
+                        "{target_file} {clock_file} {config} {trace_dir} {hooks_dir} (conformance/launch.py; "
+                        "{hooks_dir}: the hooks.toml and hook scripts the hook cases install, which run only "
+                        "against a daemon listing hooks in /v1/version)")
     runner.add_argument("--token-file", type=Path, help="bearer token file for an http:// target")
     runner.add_argument("--broker-listen", help="address of the scripted broker (default 127.0.0.1:<free>)")
     runner.add_argument("--strict", action="store_true", help="SHOULD failures fail the run")

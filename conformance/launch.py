@@ -17,6 +17,13 @@ An implementation is described by a command template whose placeholders the harn
   spec/schemas/trace, one file per node): one per instance, kept across that instance's restarts (every incarnation
   appends, and ``seq`` goes on increasing); after the run the harness checks it with the trace oracle and reports
   TRC-* verdicts (traces.py). An implementation that writes nothing there gets them all "not judged".
+* ``{hooks_dir}`` — a folder the harness owns and fills before every start with a §6 ``hooks.toml`` (in the format
+  of spec/schemas/config/hooks.json; empty, so no hook runs, unless a hook case installs its hooks) and the hooks'
+  executables. An implementation that runs hooks takes them from there: by naming ``{hooks_dir}`` in its template,
+  by reading the ``[hooks]`` table the harness writes into ``{config}`` (``enabled = true``, ``dir`` = this
+  folder; the reference does), or by saying ``"hooks": true`` in ``{target_file}`` (it reads
+  ``MESHCONFORM_HOOKS_DIR``). Hook cases run only against a daemon that lists ``hooks`` in ``GET /v1/version``
+  ``ipc_features``; every other daemon gets them skipped with that reason (conformance/hooks.py).
 
 The same values are in the environment as ``MESHCONFORM_<NAME>`` (``MESHCONFORM_BROKER_URL`` …). The harness runs
 the command in its own process group, waits until ``GET /v1/health`` answers on the socket, and for crash tests
@@ -43,6 +50,8 @@ import httpx
 
 from spec import validator
 
+from .hooks import HOOKS_FILE, install_hooks
+
 REFERENCE_TEMPLATE = (
     f"{shlex.quote(sys.executable)} -m reference.cli up --state-dir {{state_dir}} --broker-url {{broker_url}} "
     "--port {port} --clock-file {clock_file} --target-file {target_file}"
@@ -50,7 +59,7 @@ REFERENCE_TEMPLATE = (
 #: what ``meshconform run --target reference`` launches: the reference always writes its trace for the harness
 REFERENCE_TRACED_TEMPLATE = f"{REFERENCE_TEMPLATE} --trace-dir {{trace_dir}}"
 PLACEHOLDERS = ("broker_url", "state_dir", "socket", "port", "token_file", "target_file", "clock_file", "config",
-                "trace_dir")
+                "trace_dir", "hooks_dir")
 
 
 class LaunchError(RuntimeError):
@@ -112,6 +121,11 @@ class Launched:
         return self.trace_dir or self.state_dir.parent / f"{self.state_dir.name}.trace"
 
     @property
+    def hooks_dir(self) -> Path:
+        """``{hooks_dir}``: the folder of this instance's ``hooks.toml`` and hook executables, beside its state."""
+        return self.state_dir.parent / f"{self.state_dir.name}.hooks"
+
+    @property
     def socket_path(self) -> Path:
         return Path(self.description.get("socket") or self.state_dir / "daemon.sock")
 
@@ -143,7 +157,7 @@ class Launched:
                 "socket": str(self.state_dir / "daemon.sock"), "port": str(self.port),
                 "token_file": str(self.state_dir / "local_token"), "target_file": str(self.target_file),
                 "clock_file": str(self.clock_file), "config": str(self.state_dir / "config.toml"),
-                "trace_dir": str(self.trace_path)}
+                "trace_dir": str(self.trace_path), "hooks_dir": str(self.hooks_dir)}
 
     def command(self) -> list[str]:
         return shlex.split(self.template.format(**self.values()))
@@ -160,6 +174,8 @@ class Launched:
             self.trace_path.mkdir(parents=True, exist_ok=True)
         if not self.clock_file.exists():
             self.set_clock(0)
+        if not (self.hooks_dir / HOOKS_FILE).exists():  # no hooks installed: a valid, empty hooks.toml
+            install_hooks(self.hooks_dir, ())
         log = self.log_path.open("ab")
         env = {**os.environ, **{f"MESHCONFORM_{k.upper()}": v for k, v in self.values().items()}, **self.env}
         self.process = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,

@@ -17,6 +17,10 @@ Traces. With a ``trace_root`` every instance ``launch`` starts gets its own ``{t
 ``main``, or the case's name, ``-2`` … when a name comes again), kept across that instance's restarts; the plugin
 checks them after the run (traces.py).
 
+Hooks. Every instance ``launch`` starts gets a ``{hooks_dir}`` holding the hooks a case asks for (none: an empty
+hooks.toml), and its config.toml a ``[hooks]`` table naming that folder; ``hook_skip_reason`` says, once per run,
+whether the hook cases can run against this target (conformance/hooks.py).
+
 Fixed ports. An implementation whose TCP port does not follow ``{port}`` (it says ``fixed_port`` in its target
 description) cannot run two instances side by side, so ``launch`` stops the main instance while a fresh one runs and
 ``release_fresh`` restarts it afterwards (same state directory: a restart, not a new instance); a case's earlier
@@ -29,11 +33,13 @@ import shutil
 import socket
 import tempfile
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
+from . import hooks as hooks_mod
 from . import timing as timing_mod
 from .launch import REFERENCE_TRACED_TEMPLATE, Launched, LaunchError, check_template
 from .peer import PeerConfig, ScriptedBroker
@@ -79,6 +85,7 @@ class Target:
     instances: list[Launched] = field(default_factory=list)
     link_problem: str | None = None
     timing: timing_mod.Timing = field(default_factory=timing_mod.Timing)
+    _hook_skip: tuple[str | None] | None = None
     _socket: Path | None = None
     _http: str | None = None
     _suspended: Launched | None = None
@@ -104,6 +111,29 @@ class Target:
     def clock_hook(self) -> bool:
         """The target honours the clock hook ({clock_file}) (the reference does; others say so)."""
         return self.is_reference or bool(self.launched and self.launched.description.get("clock_hook"))
+
+    @property
+    def installs_hooks(self) -> bool:
+        """The harness can install hooks in the instances it launches: the template names ``{hooks_dir}``, the
+        target reads the config.toml the harness writes (its ``[hooks]`` table names the folder), or its
+        description says it takes hooks from ``{hooks_dir}`` (``"hooks": true``)."""
+        if self.template is None:
+            return False
+        return ("{hooks_dir}" in self.template or self.reads_config
+                or bool(self.launched and self.launched.description.get("hooks")))
+
+    def hook_skip_reason(self) -> str | None:
+        """Why the hook cases cannot run against this target (None: they run); asked of the main instance's
+        ``GET /v1/version`` once per run (conformance/hooks.py)."""
+        if self._hook_skip is None:
+            try:
+                with self.client(self.transports[0]) as client:
+                    response = client.get("/v1/version")
+                declared = hooks_mod.features(response.json()) if response.status_code == 200 else None
+            except (httpx.HTTPError, ValueError):
+                declared = None
+            self._hook_skip = (hooks_mod.skip_reason(declared, self.can_restart, self.installs_hooks),)
+        return self._hook_skip[0]
 
     def start(self) -> Target:
         if self.template is not None and self.spec == "reference":
@@ -178,8 +208,10 @@ class Target:
             return False
 
     def launch(self, name: str, config: str = HARNESS_CONFIG, wait: bool = True,
-               broker: ScriptedBroker | None = None) -> Launched:
-        """Start a fresh instance (its own state directory) from the launch template."""
+               broker: ScriptedBroker | None = None,
+               hooks: Iterable[hooks_mod.HookScript] = ()) -> Launched:
+        """Start a fresh instance (its own state directory) from the launch template, with ``hooks`` installed in its
+        ``{hooks_dir}`` (none: an empty hooks.toml) and the config.toml's ``[hooks]`` table naming that folder."""
         if self.template is None:
             raise TargetError("no launch template")
         if self.launched is not None and self.launched.fixed_port and name != "main" and self.launched.running:
@@ -194,10 +226,12 @@ class Target:
         if state_dir.exists():
             shutil.rmtree(state_dir)
         state_dir.mkdir(mode=0o700, parents=True)
-        (state_dir / "config.toml").write_text(config)
         peer = broker or self.broker
         assert peer is not None
         instance = Launched(self.template, state_dir, peer.url, trace_dir=self._trace_dir(name))
+        shutil.rmtree(instance.hooks_dir, ignore_errors=True)
+        hooks_mod.install_hooks(instance.hooks_dir, hooks)
+        (state_dir / "config.toml").write_text(hooks_mod.with_hooks(config, instance.hooks_dir))
         self.instances.append(instance)
         try:
             instance.start(wait=wait)
