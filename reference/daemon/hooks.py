@@ -327,6 +327,37 @@ def network_namespace() -> tuple[list[str] | None, str]:
     return None, "namespace_refused"
 
 
+def resource_limits() -> tuple[list[str] | None, str]:
+    """The command prefix that starts a hook under the rlimits of limits.yaml (E-49): no core file, at most
+    ``hook_rlimit_nofile`` open files, no file larger than ``hook_rlimit_fsize_bytes``; util-linux ``prlimit``
+    sets them on itself and execs the hook, so the hook and every child it forks inherit them. None, and why, where
+    there is no prlimit (other systems)."""
+    import shutil
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return None, "platform"
+    prlimit = shutil.which("prlimit")
+    if prlimit is None:
+        return None, "no_prlimit"
+    nofile, fsize = int(limit("hook_rlimit_nofile")), int(limit("hook_rlimit_fsize_bytes"))
+    return [prlimit, f"--core={int(limit('hook_rlimit_core_bytes'))}", f"--nofile={nofile}:{nofile}",
+            f"--fsize={fsize}:{fsize}", "--"], ""
+
+
+def sandbox_prefix(hook: Hook, rlimits: tuple[list[str] | None, str],
+                   network: tuple[list[str] | None, str]) -> tuple[list[str], list[str]]:
+    """The command prefix a run of ``hook`` gets (rlimits, then its network namespace when it asks for deny), and
+    the reasons for what could not be enforced (``cm_daemon_hook_unenforceable_total``'s ``reason``)."""
+    # req: HOOK-RLIMITS, HOOK-NETWORK-BEST-EFFORT -- what the machine allows; each thing it does not is counted
+    prefix, weakened = list(rlimits[0] or []), [] if rlimits[0] is not None else [rlimits[1]]
+    if hook.network_policy == "deny":
+        if network[0] is None:
+            weakened.append(network[1])
+        prefix.extend(network[0] or [])
+    return prefix, weakened
+
+
 def run_hook(hook: Hook, folder: Path, env: dict[str, str], stdin: bytes, kill_grace_s: float,
              spawned: Callable[[subprocess.Popen], None] = lambda process: None,
              prefix: list[str] | None = None) -> HookProcess:
@@ -410,7 +441,8 @@ class HookRunner:
                  concurrency: int, on_finish: Callable[[StoredRun], None] | None = None,
                  on_unenforceable: Callable[[str, str], None] | None = None,
                  publish: Callable[[str, dict[str, Any]], Any] | None = None,
-                 network: tuple[list[str] | None, str] | None = None, capabilities: Capabilities | None = None):
+                 network: tuple[list[str] | None, str] | None = None, capabilities: Capabilities | None = None,
+                 rlimits: tuple[list[str] | None, str] | None = None):
         self.runs, self.folder, self.mesh, self.socket_path = runs, folder, mesh, socket_path
         self.hooks = {hook.name: hook for hook in hooks}
         self.inbox_row, self.submit_reply, self.clock_ms = inbox_row, submit_reply, clock_ms
@@ -418,10 +450,14 @@ class HookRunner:
         self.publish = publish
         self.capabilities = capabilities if capabilities is not None else Capabilities()
         # req: HOOK-NETWORK-BEST-EFFORT -- probed once: a fresh network namespace where this machine allows one
-        self.namespace, self.no_namespace = network if network is not None else network_namespace()
-        if self.namespace is None and any(hook.network_policy == "deny" for hook in hooks):
+        self.network = network if network is not None else network_namespace()
+        if self.network[0] is None and any(hook.network_policy == "deny" for hook in hooks):
             log.warning("hook_network_unenforceable reason=%s: hooks with network_policy deny run with the daemon's "
-                        "network", self.no_namespace)
+                        "network", self.network[1])
+        # req: HOOK-RLIMITS -- probed once, like the namespace
+        self.rlimits = rlimits if rlimits is not None else resource_limits()
+        if self.rlimits[0] is None:
+            log.warning("hook_rlimits_unenforceable reason=%s: hooks run with the daemon's rlimits", self.rlimits[1])
         self.owner = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self.kill_grace_s = float(limit("hook_kill_grace_s"))
         self.stdin_limit = int(limit("hook_stdin_bytes"))
@@ -528,11 +564,10 @@ class HookRunner:
                 self._held[run.id] = process
             self.runs.record_process(run.id, self.owner, process.pid, process_started(process.pid))
 
-        prefix = None
-        if hook.network_policy == "deny":
-            prefix = self.namespace
-            if prefix is None and self.on_unenforceable is not None:
-                self.on_unenforceable(hook.name, self.no_namespace)
+        prefix, weakened = sandbox_prefix(hook, self.rlimits, self.network)
+        for reason in weakened:
+            if self.on_unenforceable is not None:
+                self.on_unenforceable(hook.name, reason)
         environment = hook_environment(self.mesh, hook.name, row.client_message_id, self.socket_path,
                                        None if capability is None else capability.token)
         try:

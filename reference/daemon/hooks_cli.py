@@ -22,7 +22,17 @@ from reference.core.limits import limit
 from reference.state_dir import StateDir
 
 from .config import ConfigError, load
-from .hooks import Hook, audit_record, hook_environment, load_hooks, network_namespace, parse_reply, run_hook
+from .hooks import (
+    Hook,
+    audit_record,
+    hook_environment,
+    load_hooks,
+    network_namespace,
+    parse_reply,
+    resource_limits,
+    run_hook,
+    sandbox_prefix,
+)
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = exit_code("ok"), exit_code("error"), exit_code("usage")
 console = Console()
@@ -100,9 +110,9 @@ def cmd_hooks_test(args: argparse.Namespace, state_dir: Path) -> int:
         return EXIT_USAGE
     message = event["message"]
     event_id = str(event.get("event_id") or message.get("client_message_id") or "test")
-    prefix, missing = network_namespace() if hook.network_policy == "deny" else (None, "")
-    if hook.network_policy == "deny" and prefix is None:
-        err.print(f"meshd: network_policy deny cannot be enforced here ({missing}); the hook runs with the network")
+    prefix, weakened = sandbox_prefix(hook, resource_limits(), network_namespace())
+    if weakened:
+        err.print(f"meshd: not enforced here ({', '.join(weakened)}): the hook runs without that part of its sandbox")
     done = run_hook(hook, folder, hook_environment(config["daemon"]["mesh"], hook.name, event_id,
                                                    str(StateDir(state_dir).socket)),
                     raw, float(limit("hook_kill_grace_s")), prefix=prefix)

@@ -470,7 +470,7 @@ def test_an_expired_lease_of_this_process_with_no_worker_is_reset(rig):
 def test_a_hook_that_cannot_start_fails_at_once(rig):
     script(rig.folder, "on-message", "")
     toml(rig.folder, "[on-message]\nnetwork_policy = \"allow\"\n")  # started directly, not through unshare
-    rig.start()
+    rig.start(rlimits=(None, "started directly"))  # nor through prlimit, which would exit 126 for it
     (rig.folder / "on-message").write_bytes(b"\x7fELFnot really")  # no interpreter, not a binary: exec fails
     rig.deliver(message(1))
     run = rig.wait_finished(1)[0]
@@ -632,6 +632,40 @@ def test_a_deny_the_machine_cannot_enforce_runs_and_is_counted(rig, listener):
     rig.wait_finished(2)
     assert (rig.folder / "on-message.result").read_text() == "connected"
     assert counted == [("on-message", "namespace_refused")]
+
+
+@pytest.mark.skipif(h.resource_limits()[0] is None, reason="this machine has no prlimit to set a hook's rlimits")
+def test_a_hook_runs_under_the_rlimits_of_limits_yaml_and_so_do_its_children(rig):
+    from reference.core.limits import limit
+
+    script(rig.folder, "on-message", f"""
+        ulimit -c > {rig.folder}/limits; ulimit -n >> {rig.folder}/limits; ulimit -f >> {rig.folder}/limits
+        sh -c 'ulimit -n' >> {rig.folder}/limits
+        """)
+    script(rig.folder, "on-dm", f"head -c {int(limit('hook_rlimit_fsize_bytes')) + 1} /dev/zero > {rig.folder}/big\n")
+    toml(rig.folder, "[on-message]\n[on-dm]\n")
+    counted = []
+    rig.start(on_unenforceable=lambda hook, why: counted.append((hook, why)))
+    rig.deliver(message(1))
+    runs = {run.hook: run for run in rig.wait_finished(2)}
+    nofile = str(int(limit("hook_rlimit_nofile")))
+    # req: HOOK-RLIMITS -- ulimit -f counts 512-byte blocks
+    assert (rig.folder / "limits").read_text().split() == [
+        str(int(limit("hook_rlimit_core_bytes"))), nofile, str(int(limit("hook_rlimit_fsize_bytes")) // 512), nofile]
+    # a write past RLIMIT_FSIZE fails the hook (SIGXFSZ), and the file stops at the limit
+    assert runs["on-dm"].state == "failed"
+    assert (rig.folder / "big").stat().st_size == int(limit("hook_rlimit_fsize_bytes"))
+    assert not [c for c in counted if c[1] == "no_prlimit"]
+
+
+def test_rlimits_the_machine_cannot_set_are_counted_and_the_hook_runs(rig):
+    script(rig.folder, "on-message", f"echo ran > {rig.folder}/ran\n")
+    toml(rig.folder, "[on-message]\nnetwork_policy = \"allow\"\n")
+    counted = []
+    rig.start(rlimits=(None, "no_prlimit"), on_unenforceable=lambda hook, why: counted.append((hook, why)))
+    rig.deliver(message(1))
+    assert [run.state for run in rig.wait_finished(1)] == ["done"]
+    assert (rig.folder / "ran").read_text() == "ran\n" and counted == [("on-message", "no_prlimit")]
 
 
 def test_the_namespace_probe_names_why_there_is_none(monkeypatch):

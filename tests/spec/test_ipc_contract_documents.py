@@ -54,7 +54,7 @@ ERROR_CODES = {
     "outbox_row_not_found", "idempotency_key_reused", "outbox_requeue_state_invalid", "payload_too_large",
     "unsupported_media_type", "daemon_busy", "too_many_streams", "broker_unavailable", "broker_timeout",
     "daemon_draining", "internal_error", "limit_exceeded", "malformed_http", "request_timeout", "uri_too_long",
-    "header_fields_too_large",
+    "header_fields_too_large", "capability_invalid", "capability_denied", "capability_required",
 }
 CONFLICTS = [
     "outbox_pending_fingerprint_mismatch", "outbox_inflight_fingerprint_mismatch", "outbox_done_fingerprint_mismatch",
@@ -65,8 +65,8 @@ CONFLICTS = [
 # The contract, route by route: every status a route may answer, and for each error status the codes it may carry.
 _COMMON = {
     "400": {"token_in_query"},
-    "401": {"missing_bearer_token", "invalid_bearer_token"},
-    "403": {"forbidden_host", "forbidden_origin"},
+    "401": {"missing_bearer_token", "invalid_bearer_token", "capability_invalid"},  # E-50: a hook's token too
+    "403": {"forbidden_host", "forbidden_origin", "capability_denied", "capability_required"},
     "429": {"daemon_busy"},
     "500": {"internal_error"},
 }
