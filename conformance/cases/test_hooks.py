@@ -148,14 +148,23 @@ def for_message(runs: list[dict[str, Any]], cmid: str) -> list[dict[str, Any]]:
             or (r.get("env") or {}).get("CLAUDEMESH_EVENT_ID") == cmid]
 
 
-def accepted(peer: ScriptedBroker, cmid: str) -> int:
-    """How many messages the broker committed under ``cmid`` (a resend of the same row is a duplicate, not one)."""
-    return sum(1 for m in peer.messages.values() if m.get("client_message_id", m.get("id")) == cmid)
-
-
 def replies(peer: ScriptedBroker) -> set[str]:
     """Every E-48 reply id the target sent (``hook.`` and 40 hex digits)."""
     return {send_seen(f).cmid for f in peer.received("send") if send_seen(f).cmid.startswith("hook.")}
+
+
+def bodies(peer: ScriptedBroker) -> dict[str, set[str]]:
+    """The text of every send the target made (as far as the harness can read it), with the ids it came under."""
+    carried: dict[str, set[str]] = collections.defaultdict(set)
+    for frame in peer.received("send"):
+        seen = send_seen(frame)
+        carried[seen.body or ""].add(seen.cmid)
+    return carried
+
+
+def committed(peer: ScriptedBroker, text: str) -> int:
+    """How many messages the broker committed carrying ``text`` (a resend of one row is a duplicate, not one)."""
+    return sum(1 for m in peer.messages.values() if send_seen(m).body == text)
 
 
 def destination(frame: dict[str, Any]) -> tuple[str, str]:
@@ -218,14 +227,21 @@ def test_a_message_runs_its_hooks_once_and_replies(hook_launcher, verdict):
         peer = setup.peer
         topical, direct = unique("hook-topic"), unique("hook-dm")
         expected = {(on_topic, topical): "topic reply", (on_dm, direct): "dm reply"}
+        wanted = {("on-message", topical): 1, ("on-message", direct): 1, (on_topic, topical): 1, (on_dm, direct): 1}
         ids = {pair: reply_client_message_id(pair[1], pair[0]) for pair in expected}
         with setup.stream() as stream:
             stream.opened()
             pushed = {topical: peer.push(body=f"hook case {topical}", client_message_id=topical, sender=SENDER,
                                          topic=topic),
                       direct: peer.push(body=f"hook case {direct}", client_message_id=direct, sender=SENDER)}
-            peer.wait_for(lambda: all(peer.sends_of(i) for i in ids.values()), 30, "both hooks' replies")
-            wait(lambda: len(setup.runs("on-message")) >= 2, 15, "on-message running for both messages")
+            try:
+                wait(lambda: all(for_message(setup.runs(hook), cmid) for hook, cmid in wanted), 30,
+                     "a run of every hook that matches")
+            except AssertionError as exc:
+                verdict.expect("HOOK-EVERY-MATCH", False, str(exc))
+                verdict.blocked(("HOOK-REPLY-ID", "HOOK-NEW-ROWS-ONLY", "HOOK-EXECUTED-EVENT"), "no hook ran")
+            with contextlib.suppress(TimeoutError):  # judged below: a reply under another id is HOOK-REPLY-ID's
+                peer.wait_for(lambda: all(peer.sends_of(i) for i in ids.values()), 20, "both hooks' replies")
             for cmid, frame in pushed.items():  # the same broker messages again, under new deliveries
                 peer.push(body=f"hook case {cmid}", client_message_id=cmid, sender=SENDER, attempt=2,
                           topic=frame.get("topic"), broker_message_id=frame["messageId"])
@@ -239,7 +255,6 @@ def test_a_message_runs_its_hooks_once_and_replies(hook_launcher, verdict):
         events = list(stream.events)
     ran = {(hook, cmid): len(for_message(setup.runs(hook), cmid))
            for hook in ("on-message", on_topic, on_dm, f"on-topic-{other}") for cmid in pushed}
-    wanted = {("on-message", topical): 1, ("on-message", direct): 1, (on_topic, topical): 1, (on_dm, direct): 1}
     verdict.expect("HOOK-EVERY-MATCH", all(ran[pair] >= 1 for pair in wanted)
                    and not any(n for pair, n in ran.items() if pair not in wanted),
                    f"runs per (hook, message): {ran}; expected a run of exactly {sorted(wanted)}")
@@ -295,36 +310,42 @@ def test_a_daemon_killed_mid_hook_runs_it_again_and_replies_once(hook_launcher, 
         instance = setup.start(setup.hook(hook, KILLED_HOOK, allow_reply=True, timeout_s=120))
         peer = setup.peer
         cmid = unique("hook-kill")
-        reply_id = reply_client_message_id(cmid, hook)
         peer.push(body=f"hook case {cmid}", client_message_id=cmid, sender=SENDER, topic=topic)
         wait(lambda: setup.runs(hook), 20, "the hook's first run")
         instance.kill9()
         instance.start()
         peer.wait_linked(hook_launcher.timing.reconnect_wait_s)
-        with verdict.check("HOOK-EVERY-MATCH", "HOOK-REPLY-ONCE", fatal=True):
-            peer.wait_for(lambda: peer.sends_of(reply_id), 45, "the reply of the hook's run after the restart")
+        try:
+            wait(lambda: len(for_message(setup.runs(hook), cmid)) >= 2, 45, "a run of the hook after the restart")
+        except AssertionError as exc:
+            verdict.expect("HOOK-EVERY-MATCH", False, str(exc))
+            verdict.blocked(("HOOK-REPLY-ONCE",), "the hook never ran again, so it never replied")
+        with contextlib.suppress(TimeoutError):  # judged below, whatever id it came under
+            peer.wait_for(lambda: replies(peer), 20, "the reply of the hook's run after the restart")
         setup.release.touch()
         time.sleep(settle(hook_launcher))
         runs = setup.runs(hook)
     verdict.expect("HOOK-EVERY-MATCH", len(for_message(runs, cmid)) >= 2,
                    f"{len(runs)} run(s) of {hook}: it did not run again after the restart")
-    verdict.expect("HOOK-REPLY-ONCE", accepted(peer, reply_id) == 1 and replies(peer) == {reply_id},
-                   f"the broker committed {accepted(peer, reply_id)} message(s) under {reply_id}; reply ids sent: "
-                   f"{sorted(replies(peer))}")
+    # judged by the reply's text: an id other than E-48's is HOOK-REPLY-ID's (hooks.match_reply_redelivery)
+    verdict.expect("HOOK-REPLY-ONCE", committed(peer, "after the crash") == 1
+                   and len(bodies(peer).get("after the crash", ())) == 1,
+                   f"the broker committed {committed(peer, 'after the crash')} message(s) carrying the reply, sent "
+                   f"under the id(s) {sorted(bodies(peer).get('after the crash', ()))}")
 
 
 # --- what a hook prints, its exit status, and its output limit -----------------------------------------------------
 
-CONTRACT = {  # topic: (what the hook prints and how it exits, its hooks.toml keys); only mc-c-reply is a reply
+CONTRACT = {  # topic: (what the hook prints and how it exits, its hooks.toml keys); only mc-c-reply's is a reply
     "mc-c-reply": ("reply('yes')", {"allow_reply": True}),
     "mc-c-silent": ("pass", {"allow_reply": True}),
-    "mc-c-array": ("sys.stdout.write(json.dumps([{'reply': 'no'}]))", {"allow_reply": True}),
-    "mc-c-other": ("sys.stdout.write(json.dumps({'answer': 'no'}))", {"allow_reply": True}),
-    "mc-c-text": ("sys.stdout.write('reply: no')", {"allow_reply": True}),
+    "mc-c-array": ("sys.stdout.write(json.dumps([{'reply': 'no mc-c-array'}]))", {"allow_reply": True}),
+    "mc-c-other": ("sys.stdout.write(json.dumps({'answer': 'no mc-c-other'}))", {"allow_reply": True}),
+    "mc-c-text": ("sys.stdout.write('reply: no mc-c-text')", {"allow_reply": True}),
     "mc-c-empty": ("reply('')", {"allow_reply": True}),
     "mc-c-number": ("sys.stdout.write(json.dumps({'reply': 7}))", {"allow_reply": True}),
-    "mc-c-noallow": ("reply('no')", {"allow_reply": False}),
-    "mc-c-exit3": ("reply('no'); sys.stdout.flush(); sys.exit(3)", {"allow_reply": True}),
+    "mc-c-noallow": ("reply('no mc-c-noallow')", {"allow_reply": False}),
+    "mc-c-exit3": ("reply('no mc-c-exit3'); sys.stdout.flush(); sys.exit(3)", {"allow_reply": True}),
 }
 BIG_OUTPUT = """
 raw, parsed = read_event()
@@ -352,23 +373,27 @@ def test_only_a_reply_object_of_a_hook_that_exits_0_is_sent(hook_launcher, verdi
         for topic, cmid in cmids.items():
             peer.push(body=f"hook case {cmid}", client_message_id=cmid, sender=SENDER, topic=topic)
         ids = {topic: reply_client_message_id(cmid, f"on-topic-{topic}") for topic, cmid in cmids.items()}
-        with verdict.check("HOOK-REPLY-CONTRACT", fatal=True):
+        try:
             wait(lambda: all(setup.runs(f"on-topic-{t}") for t in cmids), 30, "a run of every hook")
+        except AssertionError as exc:
+            verdict.blocked(("HOOK-REPLY-CONTRACT", "HOOK-NONZERO-NOT-RETRIED", "HOOK-OUTPUT-LIMIT"), str(exc))
+        with contextlib.suppress(TimeoutError):  # judged below
             peer.wait_for(lambda: peer.sends_of(ids["mc-c-reply"]), 20, "the reply of the hook that replies")
         with verdict.check("HOOK-OUTPUT-LIMIT"):
             wait(lambda: setup.runs(big, "done"), 25, "the hook printing 200 KB finishing (the daemon did not read "
                                                       "its output to the end)")
         time.sleep(settle(hook_launcher))
-        sent = replies(peer)
-    wrongly = sorted(t for t in CONTRACT if t != "mc-c-reply" and ids[t] in sent)
-    verdict.expect("HOOK-REPLY-CONTRACT", accepted(peer, ids["mc-c-reply"]) == 1 and not wrongly,
-                   f"replies sent for {wrongly} (only mc-c-reply's is one); the broker committed "
-                   f"{accepted(peer, ids['mc-c-reply'])} message(s) of mc-c-reply's")
+    # judged by what the sends carry (each hook prints its own text), so a reply under another id is HOOK-REPLY-ID's
+    carried = bodies(peer)
+    wrongly = sorted(t for t in CONTRACT if f"no {t}" in carried or (t == "mc-c-number" and "7" in carried))
+    verdict.expect("HOOK-REPLY-CONTRACT", len(carried.get("yes", ())) == 1 and not wrongly,
+                   f"{len(carried.get('yes', ()))} send(s) of the reply of the hook that replies (one expected); "
+                   f"replies sent by {wrongly or 'no other hook'} (only mc-c-reply's is one)")
     exit3 = setup.runs("on-topic-mc-c-exit3")
-    verdict.expect("HOOK-NONZERO-NOT-RETRIED", len(exit3) == 1 and ids["mc-c-exit3"] not in sent,
+    verdict.expect("HOOK-NONZERO-NOT-RETRIED", len(exit3) == 1 and "no mc-c-exit3" not in carried,
                    f"the hook that exits 3 ran {len(exit3)} times" + (" and its reply was sent"
-                                                                      if ids["mc-c-exit3"] in sent else ""))
-    verdict.expect("HOOK-OUTPUT-LIMIT", ids["mc-c-big"] not in sent,
+                                                                      if "no mc-c-exit3" in carried else ""))
+    verdict.expect("HOOK-OUTPUT-LIMIT", not any(body.startswith("xxxx") for body in carried),
                    "a reply cut at output_size_limit (1024 bytes of a 200 KB stdout) was sent")
 
 
@@ -420,7 +445,7 @@ def test_a_timed_out_hook_and_its_sleeper_are_killed(hook_launcher, verdict):
             gone = None
         time.sleep(settle(hook_launcher))
         terms = {r.get("role"): r.get("at") for r in setup.runs(hook, "sigterm")}
-        sent = replies(setup.peer)
+        sent = bodies(setup.peer)
     verdict.require("HOOK-TIMEOUT-KILLPG", gone is not None,
                     f"{limit:g} s after the hook started, still running: "
                     + ", ".join(f"{n} {p}" for n, p in (("hook", hook_pid), ("sleeper", sleeper_pid)) if alive(p)))
@@ -434,7 +459,7 @@ def test_a_timed_out_hook_and_its_sleeper_are_killed(hook_launcher, verdict):
         verdict.expect("HOOK-TIMEOUT-KILLPG", KILL_GRACE_S * 0.6 <= gone - term_at <= KILL_GRACE_S + 4,
                        f"the group was gone {gone - term_at:.1f} s after the SIGTERM; the SIGKILL comes "
                        f"{KILL_GRACE_S:g} s after it")
-    verdict.expect("HOOK-TIMEOUT-KILLPG", reply_client_message_id(cmid, hook) not in sent,
+    verdict.expect("HOOK-TIMEOUT-KILLPG", "too late" not in sent,
                    "the reply a timed-out hook printed was sent")
 
 
