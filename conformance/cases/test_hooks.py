@@ -467,32 +467,52 @@ def test_a_timed_out_hook_and_its_sleeper_are_killed(hook_launcher, verdict):
 
 
 STDIN_HOOK = """
+import resource
+
+def rlimits():
+    return {name: list(resource.getrlimit(getattr(resource, name))) for name in RLIMITS}
+
 raw, parsed = read_event()
 seen = observe(raw, parsed)
 message = parsed.get("message") if isinstance(parsed, dict) else None
 body = message.get("body") if isinstance(message, dict) else None
 if isinstance(body, str):
     seen.update(body_chars=len(body), body_head=body[:200])
+seen["rlimits"] = rlimits()
+child = os.fork()
+if child == 0:  # a process the hook starts
+    record({"rlimits": rlimits()}, kind="child")
+    os._exit(0)
+os.waitpid(child, 0)
 record(seen)
 """
+#: the rlimits a hook and its children run under (E-49, limits.yaml): RLIMIT_<name> -> the most it may be
+RLIMITS = {"RLIMIT_CORE": int(LIMITS["hook_rlimit_core_bytes"]["value"]),
+           "RLIMIT_NOFILE": int(LIMITS["hook_rlimit_nofile"]["value"]),
+           "RLIMIT_FSIZE": int(LIMITS["hook_rlimit_fsize_bytes"]["value"])}
+RLIM_INFINITY = -1  # what resource.getrlimit reports for no limit (Linux)
 
 
-@case("hooks.stdin_and_environment", "HOOK-STDIN-LIMIT", "HOOK-ENVIRONMENT", "HOOK-CAP-ENV")
+@case("hooks.stdin_and_environment", "HOOK-STDIN-LIMIT", "HOOK-ENVIRONMENT", "HOOK-CAP-ENV", "HOOK-RLIMITS")
 def test_a_hook_reads_a_capped_event_in_a_bare_environment(hook_launcher, verdict):
     """A 300 KB message reaches its hook as an event of at most hook_stdin_bytes with "_truncated": true and its
     body cut; a small one whole. Both hooks get only the five §6 variables, PATH=/usr/bin:/bin, no credential of the
-    daemon's and, with no capability_token_scope, no capability token."""
+    daemon's and, with no capability_token_scope, no capability token; they and a process they start run with no
+    core file, at most 256 open files and no file over 64 MiB, or the daemon counts the run as unenforceable."""
     small_topic, big_topic = "mc-hooks-env", "mc-hooks-stdin"
     small_hook, big_hook = f"on-topic-{small_topic}", f"on-topic-{big_topic}"
     with hooked(hook_launcher, "hooks-env") as setup:
-        instance = setup.start(setup.hook(small_hook, STDIN_HOOK), setup.hook(big_hook, STDIN_HOOK))
+        instance = setup.start(*(setup.hook(h, STDIN_HOOK, constants={"RLIMITS": sorted(RLIMITS)})
+                                 for h in (small_hook, big_hook)))
         small, big = unique("hook-env"), unique("hook-stdin")
         big_body = f"hook case {big} " + "0123456789abcdef" * (300 * 1024 // 16)
         setup.peer.push(body=f"hook case {small}", client_message_id=small, sender=SENDER, topic=small_topic)
         setup.peer.push(body=big_body, client_message_id=big, sender=SENDER, topic=big_topic)
-        with verdict.check("HOOK-STDIN-LIMIT", "HOOK-ENVIRONMENT", "HOOK-CAP-ENV", fatal=True):
+        with verdict.check("HOOK-STDIN-LIMIT", "HOOK-ENVIRONMENT", "HOOK-CAP-ENV", "HOOK-RLIMITS", fatal=True):
             wait(lambda: setup.runs(small_hook) and setup.runs(big_hook), 30, "both hooks' runs")
         token = instance.token()
+        with instance.unix() as client:
+            metrics = client.get("/v1/metrics").text
     small_run, big_run = setup.runs(small_hook)[0], setup.runs(big_hook)[0]
     with verdict.check("HOOK-STDIN-LIMIT"):
         assert big_run["stdin_bytes"] <= STDIN_LIMIT, \
@@ -514,6 +534,18 @@ def test_a_hook_reads_a_capped_event_in_a_bare_environment(hook_launcher, verdic
                 f"{hook}'s environment holds the daemon's bearer token"
     verdict.expect("HOOK-CAP-ENV", not any(TOKEN_ENV in run["env"] for run in (small_run, big_run)),
                    f"{TOKEN_ENV} is set for a hook granted no capability_token_scope")
+    over = {}
+    for hook, run in ((small_hook, small_run), (f"{small_hook}'s child", (setup.runs(small_hook, "child") or
+                                                                           [{}])[0])):
+        for name, most in RLIMITS.items():
+            soft = (run.get("rlimits") or {}).get(name, [RLIM_INFINITY])[0]
+            if soft == RLIM_INFINITY or soft > most:
+                over[f"{hook} {name}"] = soft
+    counted = [line for line in metrics.splitlines() if line.startswith(UNENFORCEABLE + "{")
+               and f'hook="{small_hook}"' in line and not line.rstrip().endswith((" 0", " 0.0"))]
+    verdict.expect("HOOK-RLIMITS", not over or counted,
+                   f"rlimits above limits.yaml's ({RLIMITS}; -1 is none): {over}, and {UNENFORCEABLE} counts no run "
+                   f"of {small_hook}")
 
 
 # --- the pool ---------------------------------------------------------------------------------------------------------
