@@ -14,13 +14,14 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import httpx
 from rich.console import Console
 from rich.table import Table
 
+from reference.client import Client, Endpoint, MeshError, Unavailable
 from reference.clock import WallClock, rfc3339_ms
 from reference.core.codes import exit_code
 from reference.core.outbox import STATES as OUTBOX_STATES
@@ -28,7 +29,7 @@ from reference.core.request import DEFAULT_PRIORITY, PRIORITIES
 from reference.state_dir import StateDir
 from spec import openapi_parameter
 
-from . import client, hooks_cli, identity, logs
+from . import hooks_cli, identity, logs
 from .config import Config, ConfigError, load
 
 if TYPE_CHECKING:
@@ -157,7 +158,7 @@ def _detach(args: argparse.Namespace, state_dir: Path) -> int:
         if process.poll() is not None:
             err.print(f"meshd: the daemon exited with {process.returncode}; see {files.log}")
             return process.returncode or EXIT_ERROR
-        if client.is_running(state_dir):
+        if is_running(state_dir):
             console.print(f"meshd running (pid {process.pid})\n  socket  {files.socket}")
             if files.http_port.exists():
                 port = files.http_port.read_text().strip()
@@ -197,31 +198,39 @@ def cmd_down(args: argparse.Namespace) -> int:
     return EXIT_ERROR
 
 
-def _get(state_dir: Path, path: str, **params: Any) -> dict[str, Any]:
-    response = client.call(state_dir, "GET", path, params=params or None)
-    if response.status_code >= 400:
-        raise SystemExit(_problem(response))
-    return response.json()
+def daemon_client(state_dir: Path, timeout: float = 10.0) -> Client:
+    """The SDK's client of the daemon of ``state_dir``, on its unix socket (reference.client, §11)."""
+    return Client(Endpoint(socket_path=str(StateDir(state_dir).socket)), timeout)
 
 
-def _problem(response: httpx.Response) -> int:
+def is_running(state_dir: Path) -> bool:
+    """True when the daemon answers GET /v1/health on its socket."""
+    if not StateDir(state_dir).socket.exists():
+        return False
     try:
-        body = response.json()
-        err.print(f"meshd: {response.status_code} {body.get('error')}: {body.get('detail')}")
-    except ValueError:
-        err.print(f"meshd: HTTP {response.status_code}")
+        daemon_client(state_dir).health()
+    except (MeshError, ValueError, TypeError):
+        return False
+    return True
+
+
+def _refused(exc: MeshError) -> int:
+    err.print(f"meshd: {exc.status} {exc.code}: {exc.problem.get('detail')}" if exc.status else f"meshd: {exc}")
     return EXIT_ERROR
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     state_dir = _state_dir(args)
-    if not client.is_running(state_dir):
+    if not is_running(state_dir):
         if args.json:
             print(json.dumps({"running": False, "state_dir": str(state_dir)}))
         else:
             err.print(f"meshd: not running ({state_dir})")
         return EXIT_ERROR
-    health = _get(state_dir, "/v1/health")
+    try:
+        health = asdict(daemon_client(state_dir).health())
+    except MeshError as exc:
+        return _refused(exc)
     if args.json:
         print(json.dumps({"running": True, **health}))
         return EXIT_OK
@@ -239,8 +248,11 @@ def cmd_version(args: argparse.Namespace) -> int:
 
     state_dir = _state_dir(args)
     info: dict[str, Any] = {"meshd": SPEC_VERSION}
-    if client.is_running(state_dir):
-        info["daemon"] = _get(state_dir, "/v1/version")
+    if is_running(state_dir):
+        try:
+            info["daemon"] = asdict(daemon_client(state_dir).version())
+        except MeshError as exc:
+            return _refused(exc)
     print(json.dumps(info, indent=None if args.json else 2))
     return EXIT_OK
 
@@ -337,12 +349,11 @@ def cmd_outbox_requeue(args: argparse.Namespace) -> int:
     if not row_id:
         err.print("meshd outbox requeue: give the outbox row id")
         return EXIT_USAGE
-    if client.is_running(state_dir):
-        body = {"id": row_id, **({"new_client_message_id": args.new_client_id} if args.new_client_id else {})}
-        response = client.call(state_dir, "POST", "/v1/outbox/requeue", json=body)
-        if response.status_code != 200:
-            return _problem(response)
-        result = response.json()
+    if is_running(state_dir):
+        try:
+            result = asdict(daemon_client(state_dir).requeue(row_id, args.new_client_id))
+        except MeshError as exc:
+            return _refused(exc)
     else:
         store = _outbox_store(state_dir)
         try:
@@ -359,21 +370,26 @@ def cmd_outbox_requeue(args: argparse.Namespace) -> int:
 
 
 def cmd_send(args: argparse.Namespace) -> int:
+    """`meshd send`: the SDK's send, so a busy daemon or a lost connection is retried under the one key."""
     state_dir = _state_dir(args)
-    body: dict[str, Any] = {"to": args.to, "message": args.message, "priority": args.priority}
-    if args.meta:
-        body["meta"] = json.loads(args.meta)
-    if args.reply_to:
-        body["reply_to_id"] = args.reply_to
-    headers = {"Idempotency-Key": args.id} if args.id else {}
     try:
-        response = client.call(state_dir, "POST", "/v1/send", json=body, headers=headers)
-    except httpx.HTTPError as exc:
+        meta = json.loads(args.meta) if args.meta else None
+    except ValueError as exc:
+        err.print(f"meshd send: --meta is not JSON: {exc}")
+        return EXIT_USAGE
+    try:
+        result = daemon_client(state_dir).send(args.to, args.message, client_message_id=args.id,
+                                               priority=args.priority, meta=meta, reply_to_id=args.reply_to,
+                                               deadline_s=args.deadline)
+    except Unavailable as exc:
         err.print(f"meshd: cannot reach the daemon: {exc}")
         return EXIT_ERROR
-    if response.status_code >= 400:
-        return _problem(response)
-    print(json.dumps(response.json()))
+    except MeshError as exc:
+        return _refused(exc)
+    body = asdict(result)
+    if not result.duplicate:  # 202 SendAccepted has no broker_message_id or history_id
+        del body["broker_message_id"], body["history_id"]
+    print(json.dumps(body))
     return EXIT_OK
 
 
@@ -543,7 +559,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     send.add_argument("--priority", default=DEFAULT_PRIORITY, choices=PRIORITIES)
     send.add_argument("--meta", help="a JSON object")
     send.add_argument("--reply-to")
-    send.add_argument("--id", help="Idempotency-Key")
+    send.add_argument("--id", help="the client_message_id (default: a fresh ULID, kept for every retry)")
+    send.add_argument("--deadline", type=float, default=60.0,
+                      help="seconds to keep retrying a busy or unreachable daemon under the same id (default 60)")
     send.set_defaults(func=cmd_send)
 
     install = sub.add_parser("install-service", help="install a systemd user unit or launchd agent")

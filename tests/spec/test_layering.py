@@ -52,7 +52,9 @@ MAY_IMPORT: dict[str, tuple[str, ...]] = {
     "spec": ("spec",),
     "reference.core": ("spec", "reference.core"),
     **{leaf: ("spec", "reference.core", *SHARED) for leaf in SHARED},
-    "reference.daemon": ("spec", "reference.core", *SHARED, "reference.daemon"),
+    # the client SDK (§11) imports nothing but the standard library: it must install alone
+    "reference.client": ("reference.client",),
+    "reference.daemon": ("spec", "reference.core", *SHARED, "reference.daemon", "reference.client"),
     "reference.broker": ("spec", "reference.core", *SHARED, "reference.broker"),
     "reference": ("spec", "reference"),  # reference/__init__.py and cli.py: meshd wires every part
     "conformance": ("spec", "reference.core", "spark_checks", "conformance"),  # the trace oracle judges run traces
@@ -488,7 +490,7 @@ def test_the_checker_names_every_violation(tmp_path):
         "reference/daemon/app.py:3: reference.daemon.app imports reference.core._private, private to reference.core",
         "reference/daemon/app.py:4: reference.daemon.app imports reference.broker.server; reference.daemon may "
         "import spec, reference.core, reference.clock, reference.trace, reference.state_dir, reference.sandbox, "
-        "reference.daemon",
+        "reference.daemon, reference.client",
         "reference/trace.py:1: reference.trace imports spec._patterns, private to spec",
         "spark_checks/oracle.py:2: spark_checks.oracle imports conformance.plugin; spark_checks may import spec, "
         "reference.core, spark_checks",
@@ -498,7 +500,7 @@ def test_the_checker_names_every_violation(tmp_path):
 
 
 TO_BROKER = ("imports reference.broker.server; reference.daemon may import spec, reference.core, reference.clock, "
-             "reference.trace, reference.state_dir, reference.sandbox, reference.daemon")
+             "reference.trace, reference.state_dir, reference.sandbox, reference.daemon, reference.client")
 # reference/daemon/app.py of PLANTED: the statement under test is line 10, in a function given `name` and `part`
 PLANTED_HEAD = (
     "import importlib\n"
