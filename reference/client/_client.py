@@ -147,6 +147,14 @@ class Client:
             return status, answer_headers, data
         raise AssertionError("unreachable")
 
+    def _typed(self, result: type, method: str, path: str, body: Any = None) -> Any:
+        """The answer of one call as ``result`` (a class of _types), or MeshError naming the members it lacks."""
+        document = self._json(method, path, body)
+        try:
+            return result.from_json(document)
+        except (TypeError, KeyError, AttributeError) as exc:
+            raise MeshError(f"{method} {path}: the answer is not a {result.__name__} of /v1: {exc}") from exc
+
     def _json(self, method: str, path: str, body: Any = None, ok: tuple[int, ...] = (200,)) -> Any:
         try:
             status, headers, data = self.request(method, path, body)
@@ -158,10 +166,10 @@ class Client:
 
     # --- the core surface -----------------------------------------------------------------------------------------
     def version(self) -> Version:
-        return Version.from_json(self._json("GET", "/v1/version"))
+        return self._typed(Version, "GET", "/v1/version")
 
     def health(self) -> Health:
-        return Health.from_json(self._json("GET", "/v1/health"))
+        return self._typed(Health, "GET", "/v1/health")
 
     def peers(self) -> list[dict[str, Any]]:
         """The broker's peer list, as it came (``GET /v1/peers``)."""
@@ -169,15 +177,14 @@ class Client:
 
     def profile(self, **members: Any) -> ProfileResult:
         """Set summary, status, visible, avatar, title, bio or capabilities (``POST /v1/profile``)."""
-        return ProfileResult.from_json(self._json("POST", "/v1/profile", members))
+        return self._typed(ProfileResult, "POST", "/v1/profile", members)
 
     def outbox(self, status: str | None = None, limit: int | None = None, cursor: str | None = None) -> OutboxPage:
-        return OutboxPage.from_json(self._json("GET", "/v1/outbox" + _query(status=status, limit=limit,
-                                                                            cursor=cursor)))
+        return self._typed(OutboxPage, "GET", "/v1/outbox" + _query(status=status, limit=limit, cursor=cursor))
 
     def requeue(self, outbox_id: str, new_client_message_id: str | None = None) -> RequeueResult:
         body = {"id": outbox_id, **({"new_client_message_id": new_client_message_id} if new_client_message_id else {})}
-        return RequeueResult.from_json(self._json("POST", "/v1/outbox/requeue", body))
+        return self._typed(RequeueResult, "POST", "/v1/outbox/requeue", body)
 
     def send(self, to: str, message: str, *, client_message_id: str | None = None, priority: str | None = None,
              meta: Any = None, reply_to_id: str | None = None, deadline_s: float = 60.0) -> SendResult:
@@ -221,8 +228,8 @@ class Client:
     def inbox(self, *, cursor: str | None = None, since: str | None = None, topic: str | None = None,
               sender: str | None = None, limit: int | None = None) -> InboxPage:
         """One page of received messages, oldest first, after ``cursor``."""
-        return InboxPage.from_json(self._json("GET", "/v1/inbox" + _query(
-            cursor=cursor, since=since, topic=topic, limit=limit, **{"from": sender})))
+        return self._typed(InboxPage, "GET", "/v1/inbox" + _query(
+            cursor=cursor, since=since, topic=topic, limit=limit, **{"from": sender}))
 
     def inbox_pages(self, *, cursor: str | None = None, **filters: Any) -> Iterator[InboxPage]:
         """Every page after ``cursor`` up to the first empty one; resume later from the last ``next_cursor``."""
@@ -346,16 +353,17 @@ def _answers(endpoint: Endpoint, mesh: str | None, connect_timeout_s: float, tim
             probe.connect()  # a real connection, within the connect timeout
         finally:
             probe.close()
-        client.version()
-    except (MeshError, OSError, http.client.HTTPException) as exc:
-        return f"{type(exc).__name__}: {exc}"
-    try:
-        version = client.version()
-        if version.ipc_api != IPC_API:
-            return f"speaks ipc_api {version.ipc_api!r}, this client {IPC_API!r}"
-        if mesh is not None and client.health().mesh != mesh:
-            return f"serves another mesh than {mesh!r}"
-    except (MeshError, OSError, ValueError, TypeError, KeyError) as exc:
+        # §8.2: well-formed, the mesh, a compatible version -- judged by ipc_api, the surface this client is
+        # versioned with (daemon_version is each implementation's own number), E-51
+        version = client._json("GET", "/v1/version")
+        api = version.get("ipc_api") if isinstance(version, dict) else None
+        if api != IPC_API:
+            return f"speaks ipc_api {api!r}, this client {IPC_API!r}"
+        if mesh is not None:
+            health = client._json("GET", "/v1/health")
+            if not isinstance(health, dict) or health.get("mesh") != mesh:
+                return f"serves another mesh than {mesh!r}"
+    except (MeshError, OSError, http.client.HTTPException, ValueError) as exc:
         return f"{type(exc).__name__}: {exc}"
     return None
 
@@ -378,7 +386,8 @@ def discover(state_dir: str | os.PathLike[str] | None = None, *, mesh: str | Non
         candidates.append(Endpoint(socket_path=os.environ["CLAUDEMESH_DAEMON_SOCK"],
                                    capability_token=os.environ.get("CLAUDEMESH_CAPABILITY_TOKEN")))
     root = Path(state_dir) if state_dir is not None else default_state_dir(mesh)
-    candidates.append(Endpoint(socket_path=str(root / "daemon.sock")))
+    # daemon.sock as implementations name it (the reference, upstream), then `sock` as §1 of the spec does
+    candidates += [Endpoint(socket_path=str(root / name)) for name in ("daemon.sock", "sock")]
     for endpoint in candidates:
         if not os.path.exists(endpoint.socket_path):
             tried.append(f"{endpoint.socket_path}: no socket")
