@@ -10,24 +10,35 @@ A committed message is delivered to each recipient until the recipient acks: eve
 lease, a push lost or a recipient down means the next attempt at the lease's end (leases double up to
 ``LEASE_MAX_MS``), and a client ack lost or cut by an outage means the recipient is pushed again, its inbox row not
 inserted twice.
+
+A new inbox row on a daemon with hooks (every even-numbered daemon runs ``on-message``) gets its ``hook_enqueue``
+after its ``inbox_insert`` and a ``hook_run`` when the run is marked (``hook_run``): done, failed or timed out, some
+done runs replying under the derived id (the reply's send is not played). A run's outcome and duration come from a
+hash of (node, client_message_id), never from the mesh's random source, so adding hooks moved no other event. A
+crash of the daemon while the hook runs has it run again after the restart, claimed twice.
 """
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
 from ._sim_calendar import Calendar
 from ._sim_core import Core
-from ._sim_faults import FaultRates
+from ._sim_faults import CRASH, FaultRates
 from ._sim_mesh import Daemon, Mesh
 from ._sim_outbox import TracedRow
-from ._sim_trace import AC, AD, DA, DL, HP, INBOX, SSE, Codes
+from ._sim_trace import AC, AD, DA, DL, HE, HP, HR, INBOX, SSE, Codes
+from .catalogue import hook_reply_id
 
 LEASE_MS = 30_000
 LEASE_MAX_MS = 600_000
 FORCED_LEASE_MS = 1_000  # the lease of an injected delivery fault
 HISTORY_RETENTION_MS = 600_000  # topic t3 keeps message rows for 10 minutes (history_pruned after)
+HOOK = "on-message"  # the hook of the daemons that run one
+#: injected hook faults, played on the recipient's first inbox row of the send (``Injector``)
+HOOK_FAULTS = ("hook_run_twice", "hook_run_unenqueued", "hook_run_unfinished", "hook_reply_id_wrong")
 
 
 @dataclass
@@ -64,6 +75,7 @@ class Broker:
         self.rates = rates
         self.message = mesh.sse["message"]
         self.later = calendar.later
+        self.inserted_at = 0  # the ts of the last new inbox row ``deliver`` played (for the injector)
 
     def receive(self, daemon: Daemon, row: TracedRow, t: int, dest: Destination, dedupe: Dedupe, faults: bool
                 ) -> tuple[str, str | None]:
@@ -155,6 +167,12 @@ class Broker:
                                                                            (*p[:-1], [held[0] + 1])))
             else:
                 push(t_insert, INBOX, node, bucket, payload)
+            if inserted:
+                self.inserted_at = t_insert
+                # (the injected second row of duplicate_inbox_row runs no hook: one violation per injection)
+                if ((recipient.index % 2 == 0 and not (mode == "duplicate_inbox_row" and attempt == 2))
+                        or mode in HOOK_FAULTS):
+                    self.hook_run(recipient, client_message_id, broker_message_id, bucket, t_insert, cell, mode)
             # a new row's message event follows its insert (E-32); an injected one follows a redelivery too
             if inserted or (mode == "duplicate_message_event" and attempt == 2):
                 push(t_insert, SSE, node, self.mesh.node_bucket[r], self.message)
@@ -168,3 +186,31 @@ class Broker:
                 continue
             push(t_ack, DA, broker, bucket, (mesh, broker_message_id, client_message_id, node, delivery_id))
             return delivery_id
+
+    def hook_run(self, recipient: Daemon, client_message_id: str, broker_message_id: str, bucket: int, t: int,
+                 cell: list[Any], mode: str) -> None:
+        """The recipient's ``on-message`` run for its new inbox row (``cell`` holds the row's inbox_seq once the
+        calendar emits the insert); ``mode`` plays an injected hook fault instead."""
+        mesh, node, push = self.mesh_i, recipient.node, self.push
+        h = zlib.crc32(f"{recipient.name}\x00{client_message_id}".encode())
+        if mode != "hook_run_unenqueued":
+            push(t, HE, node, bucket, (mesh, client_message_id, broker_message_id, cell, self.codes.code(HE, (HOOK,))))
+        if mode == "hook_run_unfinished":
+            return
+        draw = (h >> 12) % 100
+        to, duration = ("timed_out", 30_000 + h % 5_000) if draw < 2 and not mode else (
+            ("failed" if draw < 7 and not mode else "done"), 20 + h % 400)
+        reply = hook_reply_id(client_message_id, HOOK) if to == "done" and (h >> 20) % 3 == 0 else None
+        if mode == "hook_reply_id_wrong":
+            reply = hook_reply_id(client_message_id, "on-dm")
+        claims, end = 1, t + duration
+        outages = recipient.outages
+        crash = outages.first_between(t, end)
+        while 0 <= crash < len(outages.starts) and outages.starts[crash] <= end:
+            if outages.kinds[crash] == CRASH:  # killed mid-hook: the run is claimed again after the restart
+                claims, to, end = 2, "done", outages.up(outages.starts[crash]) + 20 + h % 400
+                break
+            crash += 1
+        code = self.codes.code(HR, (HOOK, to, claims, 202 if reply is not None else None))
+        for k in range(2 if mode == "hook_run_twice" else 1):
+            push(end + 10 * k, HR, node, bucket, (mesh, client_message_id, cell, code, reply))

@@ -18,7 +18,7 @@ import heapq
 from collections.abc import Callable
 from typing import Any
 
-from ._sim_trace import INBOX, SSE, Sink
+from ._sim_trace import HE, HR, INBOX, SSE, Sink
 
 SLOT_SHIFT = 10  # calendar slots of 1024 ms
 CALLBACK = -1
@@ -115,6 +115,10 @@ class Calendar:
                         self.inbox_seqs[local] = value
                         cell[0] = value
                     payload = (recipient, mesh, cmid, bmid, did, inserted, cell[0])
+                elif kind == HE:  # the inbox_seq of the row, emitted before it
+                    payload = (*payload[:3], payload[3][0], payload[4])
+                elif kind == HR:
+                    payload = (*payload[:2], payload[2][0], *payload[3:])
                 rows[kind][bucket].append((seq, ts, node, payload))
                 emitted += 1
                 if emitted % flush_every == 0:

@@ -12,17 +12,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._sim_broker import FORCED_LEASE_MS, LEASE_MS, Broker, Dedupe, Destination
+from ._sim_broker import FORCED_LEASE_MS, HOOK, HOOK_FAULTS, LEASE_MS, Broker, Dedupe, Destination
 from ._sim_calendar import Calendar
 from ._sim_core import Core
 from ._sim_mesh import Daemon, Mesh
 from ._sim_outbox import Outbox, TracedRow
 from ._sim_trace import DA, DL, OT
-from .catalogue import DEFAULT_ACK_GRACE_MS, DEFAULT_ACK_TIMEOUT_MS, INJECTIONS
+from .catalogue import (
+    DEFAULT_ACK_GRACE_MS,
+    DEFAULT_ACK_TIMEOUT_MS,
+    DEFAULT_HOOK_GRACE_MS,
+    DEFAULT_HOOK_TIMEOUT_MS,
+    INJECTIONS,
+)
 
 #: injections played on one recipient's deliveries (the mesh's first recipient of the send)
 DELIVERY_KINDS = ("unacked_delivery", "duplicate_inbox_row", "delivery_attempt_repeated", "inbox_seq_misnamed",
-                  "duplicate_message_event")
+                  "duplicate_message_event", *HOOK_FAULTS)
 #: faults the calendar plays on a node's next eligible event (see ``Calendar``)
 NODE_FAULTS = ("non_monotonic_seq", "non_monotonic_event_id", "inbox_seq_reused")
 
@@ -94,6 +100,10 @@ class Injector:
                              needs_ts=t_broker + FORCED_LEASE_MS + 100)
             elif mode == "duplicate_message_event":  # the redelivery publishes a message event
                 self._record(mode, {"node": mesh.daemons[recipient].name}, needs_ts=t_broker + FORCED_LEASE_MS + 100)
+            elif mode in HOOK_FAULTS:  # played on the recipient's hook run for its new row (``Broker.hook_run``)
+                wait = DEFAULT_HOOK_TIMEOUT_MS + DEFAULT_HOOK_GRACE_MS if mode == "hook_run_unfinished" else 1_000
+                self._record(mode, {"node": mesh.daemons[recipient].name, "client_message_id": cmid, "hook": HOOK},
+                             needs_ts=broker.inserted_at + wait, needs_node=mesh.daemons[recipient].node)
         t_ack = t_broker + 3
         acked_id = mesh.new_id(t_ack) if inject == "done_without_message" else broker_message_id
         if inject == "fingerprint_changed":

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 from .catalogue import KINDS
 from .format import FLAT_SCHEMA
 
-IPC, OT, INBOX, SSE, AD, AC, DL, DA, HP = range(len(KINDS))
+IPC, OT, INBOX, SSE, HE, HR, AD, AC, DL, DA, HP = range(len(KINDS))
 KIND_NAMES = KINDS
 
 LAYOUT: dict[int, tuple[str | tuple[str, ...], ...]] = {
@@ -31,6 +31,9 @@ LAYOUT: dict[int, tuple[str | tuple[str, ...], ...]] = {
     INBOX: ("pubkey:recipient", "mesh", "client_message_id", "broker_message_id", "delivery_id", "inserted",
             "inbox_seq"),
     SSE: ("line", "event_id", ("event",)),
+    HE: ("mesh", "client_message_id", "broker_message_id", "inbox_seq", ("hook",)),
+    HR: ("mesh", "client_message_id", "inbox_seq", ("hook", "to_state", "claims", "http_status"),
+         "reply_client_message_id"),
     AD: ("mesh", "client_message_id", "request_fingerprint", ("table_row", "phase", "status"), "broker_message_id",
          "pubkey:member"),
     AC: ("mesh", "client_message_id", "broker_message_id", "request_fingerprint", ("destination_kind",
@@ -45,7 +48,7 @@ LAYOUT: dict[int, tuple[str | tuple[str, ...], ...]] = {
 
 # Low-cardinality columns get Parquet dictionary pages; ids and fingerprints are written plain.
 DICTIONARY = ["source", "node", "kind", "mesh", "from_state", "to_state", "event", "table_row", "row_state", "phase",
-              "destination_kind", "destination_ref", "member", "recipient"]
+              "destination_kind", "destination_ref", "member", "recipient", "hook"]
 
 
 def _const(value: Any, kind: pa.DataType, n: int) -> pa.Array:

@@ -20,11 +20,12 @@ every engine.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-DAEMON_KINDS = ("ipc_decision", "outbox_transition", "inbox_insert", "sse_event")
+DAEMON_KINDS = ("ipc_decision", "outbox_transition", "inbox_insert", "sse_event", "hook_enqueue", "hook_run")
 BROKER_KINDS = ("accept_decision", "accept_commit", "delivery", "delivery_ack", "history_pruned")
 KINDS = DAEMON_KINDS + BROKER_KINDS
 
@@ -36,6 +37,13 @@ DEFAULT_REDELIVERY_GRACE_MS = 5_000
 DEFAULT_ACK_TIMEOUT_MS = 15_000
 #: How late after its ack timeout a daemon may trace an inflight row's resolution (its loop's turn), in ms.
 DEFAULT_ACK_GRACE_MS = 5_000
+#: How long a hook run may take from its enqueue to its mark, in ms: the reference daemon's default ``[hooks]
+#: default_timeout_s`` (30 s). As with the ack timeout, the trace does not record a hook's timeout_s, so a check of a
+#: daemon whose hooks run longer must be told (``--hook-timeout-ms``).
+DEFAULT_HOOK_TIMEOUT_MS = 30_000
+#: How late after its timeout a daemon may trace a run's mark: the SIGKILL grace (limits.yaml hook_kill_grace_s, 5 s)
+#: and a worker's turn, in ms.
+DEFAULT_HOOK_GRACE_MS = 10_000
 #: The evidence of a ``prefix`` violation keeps the subject's first event and the events just before the violation.
 DEFAULT_EVIDENCE_EVENTS = 16
 
@@ -252,6 +260,43 @@ CATALOGUE: tuple[Invariant, ...] = (
         "writes a row's event before its insert (against E-32) passes while its counts agree; when they do not, it "
         "is reported at its first message event that runs ahead of the rows, not necessarily the duplicate's.",
         frozenset({"daemon"}), ("E-13", "E-32")),
+    Invariant(
+        "TRC-HOOK-ONCE", "A message runs each hook once, and a run is marked once",
+        ("HOOK-NEW-ROWS-ONLY", "HOOK-CLAIM-PROCESS-MARK", "HOOK-NONZERO-NOT-RETRIED"),
+        ("node", "client_message_id", "hook"), ("hook_enqueue", "hook_run"), "pair", "hook_run_twice",
+        "Per (node, client_message_id, hook) at most one hook_enqueue (only a new inbox row gets runs; a redelivery "
+        "none) and at most one hook_run (a finished run is history: never claimed, run or marked again, a failed or "
+        "timed-out one included). Reported at the last of them, with the first.",
+        frozenset({"daemon"}), ("E-48",)),
+    Invariant(
+        "TRC-HOOK-ENQUEUED", "A hook runs only for a stored message",
+        ("HOOK-INBOX-FIRST",),
+        ("node", "client_message_id", "hook"), ("hook_enqueue", "hook_run"), "pair", "hook_run_unenqueued",
+        "Per (node, client_message_id, hook), the first hook_run follows (seq order) a hook_enqueue: the run was "
+        "written with the message's inbox row, before anything could claim it. Reported at the first hook_run, with "
+        "the first hook_enqueue when one follows it. Not allowed for: a daemon killed between the commit that stored "
+        "a message and its events, which loses the hook_enqueue (E-32) and runs the hook after its restart.",
+        frozenset({"daemon"}), ("E-32", "E-48")),
+    Invariant(
+        "TRC-HOOK-RUN-FINISHED", "Every enqueued hook run is marked finished",
+        ("HOOK-EVERY-MATCH", "HOOK-CLAIM-RESET"),
+        ("node", "client_message_id", "hook"), ("hook_enqueue", "hook_run"), "pair", "hook_run_unfinished",
+        "Per (node, client_message_id, hook) with a hook_enqueue and no hook_run: the first hook_enqueue's ts_ms plus "
+        "the hook timeout (`--hook-timeout-ms`, 30 s, the reference daemon's default [hooks] default_timeout_s; "
+        "the trace does not record it) plus a grace (`--hook-grace-ms`, 10 s: the SIGKILL grace and a worker's "
+        "turn) is not before the daemon node's last traced ts_ms. A run is claimed, run and marked done, failed or "
+        "timed_out; a lost claim runs again (after a restart, at the start) until hooks.max_claims; a daemon "
+        "stopped with runs pending traces nothing after. The bound assumes the pool keeps up (a run waits pending "
+        "while every worker is busy) and a daemon that restarts soon after a crash.",
+        frozenset({"daemon"}), ("E-48",)),
+    Invariant(
+        "TRC-HOOK-REPLY-ID", "A hook replies under the id derived from (message, hook)",
+        ("HOOK-REPLY-ID", "HOOK-REPLY-ONCE"),
+        ("node", "client_message_id", "hook"), ("hook_run",), "pair", "hook_reply_id_wrong",
+        "Every hook_run with a reply_client_message_id names \"hook.\" followed by the first 40 hex digits of "
+        "sha256(client_message_id, 0x00, hook) (UTF-8): the id every run of the pair submits its reply under, so a "
+        "re-run meets the first run's outbox row (E-48). Reported at the first hook_run naming another.",
+        frozenset({"daemon"}), ("E-48",)),
 )
 
 BY_ID: dict[str, Invariant] = {inv.id: inv for inv in CATALOGUE}
@@ -311,7 +356,8 @@ def make_key(invariant_id: str, values: dict[str, Any]) -> tuple[tuple[str, str]
 #: one value the engine computed itself (``fact``: an expected state, attempts or answer, a count, the broker's last
 #: ts), and renders it with ``detail_text``: the oracle, DuckDB and Spark print byte-identical details. A case is a
 #: printf template (``%s`` only) and, per ``%s``, where its value comes from: ``e.<column>`` or ``r.<column>`` (flat
-#: columns, ``line`` included; ``r.<column>|text`` reads ``text`` when there is no related event) or ``fact``.
+#: columns, ``line`` included; ``r.<column>|text`` reads ``text`` when there is no related event; a name of ``DERIVED``
+#: is computed from the row) or ``fact``.
 DETAILS: dict[str, tuple[str, tuple[str, ...]]] = {
     # TRC-OUTBOX-LEGAL
     "outbox-not-a-transition": ("%s --%s--> %s (%s) is not a transition of spec/tables/outbox.yaml",
@@ -414,6 +460,35 @@ DETAILS: dict[str, tuple[str, tuple[str, ...]]] = {
     "message-event-without-row": ("message event_id %s (seq %s, line %s) outnumbers the new inbox rows: it follows %s "
                                   "inbox_insert with inserted = true and as many message events",
                                   ("e.event_id", "e.seq", "e.line", "fact")),
+    # TRC-HOOK-ONCE
+    "hook-enqueued-twice": ("%s hook_enqueue events for hook %s of client_message_id %s: inbox_seq %s first, %s last",
+                            ("fact", "e.hook", "e.client_message_id", "r.inbox_seq", "e.inbox_seq")),
+    "hook-finished-twice": ("%s hook_run events for hook %s of client_message_id %s: %s first (seq %s), %s last",
+                            ("fact", "e.hook", "e.client_message_id", "r.to_state", "r.seq", "e.to_state")),
+    # TRC-HOOK-ENQUEUED
+    "hook-run-unenqueued": ("hook %s run for client_message_id %s marked %s at seq %s before any hook_enqueue of "
+                            "the pair (the first at seq %s)",
+                            ("e.hook", "e.client_message_id", "e.to_state", "e.seq", "r.seq|none")),
+    # TRC-HOOK-RUN-FINISHED
+    "hook-run-unfinished": ("hook %s run for client_message_id %s (inbox_seq %s) enqueued at ts_ms %s never marked "
+                            "finished; the daemon traced until %s",
+                            ("e.hook", "e.client_message_id", "e.inbox_seq", "e.ts_ms", "fact")),
+    # TRC-HOOK-REPLY-ID
+    "hook-reply-id": ("hook %s replied to client_message_id %s under %s; the id derived from the pair is %s",
+                      ("e.hook", "e.client_message_id", "e.reply_client_message_id", "e.hook_reply_id")),
+}
+
+
+def hook_reply_id(client_message_id: str, hook: str) -> str:
+    """The client_message_id of ``hook``'s reply to the inbound ``client_message_id`` (HOOK-REPLY-ID, E-48): "hook."
+    and the first 40 hex digits of sha256 over the two in UTF-8, joined by a 0x00 byte."""
+    digest = hashlib.sha256(client_message_id.encode() + b"\x00" + hook.encode()).hexdigest()
+    return "hook." + digest[:40]
+
+
+#: values a detail computes from an event's row (what an engine need not carry through its aggregations)
+DERIVED: dict[str, Any] = {
+    "hook_reply_id": lambda row: hook_reply_id(row["client_message_id"], row["hook"]),
 }
 
 
@@ -443,6 +518,9 @@ def detail_text(case: str | None, event: dict[str, Any], related: dict[str, Any]
         side, _, column = source.partition(".")
         column, _, absent = column.partition("|")
         row = event if side == "e" else related
+        if row is not None and column in DERIVED:
+            values.append(detail_value(DERIVED[column](row)))
+            continue
         values.append(absent if row is None and absent else detail_value(None if row is None else row.get(column)))
     return template % tuple(values)
 

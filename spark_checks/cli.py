@@ -95,7 +95,13 @@ def spark_setting(text: str) -> tuple[str, str]:
 def add_check_arguments(check: argparse.ArgumentParser, engines: tuple[str, ...]) -> None:
     """The options of ``meshtrace check`` (``engines`` to choose from), also those of ``python -m
     spark_checks.spark``."""
-    from .catalogue import DEFAULT_ACK_GRACE_MS, DEFAULT_ACK_TIMEOUT_MS, DEFAULT_REDELIVERY_GRACE_MS
+    from .catalogue import (
+        DEFAULT_ACK_GRACE_MS,
+        DEFAULT_ACK_TIMEOUT_MS,
+        DEFAULT_HOOK_GRACE_MS,
+        DEFAULT_HOOK_TIMEOUT_MS,
+        DEFAULT_REDELIVERY_GRACE_MS,
+    )
 
     check.add_argument("paths", nargs="+", help="trace directories, Parquet datasets or JSONL files (paths or URIs: "
                                                 "file://, and with Spark any Hadoop filesystem: s3a://, hdfs://, …)")
@@ -125,6 +131,11 @@ def add_check_arguments(check: argparse.ArgumentParser, engines: tuple[str, ...]
                        help="the traced daemons' ack timeout ([outbox] ack_timeout_s; the trace does not record it)")
     check.add_argument("--ack-grace-ms", type=DURATION_MS, default=DEFAULT_ACK_GRACE_MS,
                        help="how late after its ack timeout an inflight row's resolution may be traced")
+    check.add_argument("--hook-timeout-ms", type=DURATION_MS, default=DEFAULT_HOOK_TIMEOUT_MS,
+                       help="the traced daemons' longest hook timeout (hooks.toml timeout_s; the trace does not "
+                            "record it)")
+    check.add_argument("--hook-grace-ms", type=DURATION_MS, default=DEFAULT_HOOK_GRACE_MS,
+                       help="how late after its timeout a hook run's mark may be traced")
 
 
 def check_main(argv: list[str], prog: str) -> int:
@@ -314,17 +325,20 @@ def _run_check(args: argparse.Namespace):
             raise InputError(str(exc)) from None
         report = SparkChecker(spark, chunk=args.chunk or DEFAULT_CHUNK, redelivery_grace_ms=args.redelivery_grace_ms,
                               limit=args.limit, ack_timeout_ms=args.ack_timeout_ms,
-                              ack_grace_ms=args.ack_grace_ms).check(args.paths)
+                              ack_grace_ms=args.ack_grace_ms, hook_timeout_ms=args.hook_timeout_ms,
+                              hook_grace_ms=args.hook_grace_ms).check(args.paths)
         return report, lambda target, text: write_hadoop(spark, target, text)
     if args.engine == "duckdb":
         from .duck import check as duck_check
 
         return duck_check(args.paths, redelivery_grace_ms=args.redelivery_grace_ms,
-                          ack_timeout_ms=args.ack_timeout_ms, ack_grace_ms=args.ack_grace_ms), write_local
+                          ack_timeout_ms=args.ack_timeout_ms, ack_grace_ms=args.ack_grace_ms,
+                          hook_timeout_ms=args.hook_timeout_ms, hook_grace_ms=args.hook_grace_ms), write_local
     from .oracle import Oracle
 
     return Oracle(redelivery_grace_ms=args.redelivery_grace_ms, ack_timeout_ms=args.ack_timeout_ms,
-                  ack_grace_ms=args.ack_grace_ms).check(args.paths), write_local
+                  ack_grace_ms=args.ack_grace_ms, hook_timeout_ms=args.hook_timeout_ms,
+                  hook_grace_ms=args.hook_grace_ms).check(args.paths), write_local
 
 
 def _verdict(prog: str, events: int, reasons: dict[str, int], tolerate: str | None, where: str, otherwise: int

@@ -25,6 +25,8 @@ from .catalogue import (
     DEFAULT_ACK_GRACE_MS,
     DEFAULT_ACK_TIMEOUT_MS,
     DEFAULT_EVIDENCE_EVENTS,
+    DEFAULT_HOOK_GRACE_MS,
+    DEFAULT_HOOK_TIMEOUT_MS,
     DEFAULT_REDELIVERY_GRACE_MS,
     EventRef,
     Violation,
@@ -39,7 +41,8 @@ def _literal(text: str) -> str:
 
 
 def _candidates_sql(grace: int, seq_suspects: list[str],
-                    ack_window: int = DEFAULT_ACK_TIMEOUT_MS + DEFAULT_ACK_GRACE_MS) -> str:
+                    ack_window: int = DEFAULT_ACK_TIMEOUT_MS + DEFAULT_ACK_GRACE_MS,
+                    hook_window: int = DEFAULT_HOOK_TIMEOUT_MS + DEFAULT_HOOK_GRACE_MS) -> str:
     suspects = ", ".join(_literal(n) for n in seq_suspects) or "NULL"
     return f"""
 WITH
@@ -205,6 +208,24 @@ published AS (
                  kind = 'inbox_insert' AND coalesce(inserted, false) AS is_new
           FROM ev WHERE kind = 'inbox_insert' OR (kind = 'sse_event' AND event = 'message')))
   WHERE is_message AND surplus > 0 AND messages > news),
+hooks AS (
+  -- per (node, client_message_id, hook): its enqueues and marks, the first reply under another id than the derived
+  SELECT h.*, n.last_ts FROM (
+    SELECT node, client_message_id AS cmid, hook,
+      count(*) FILTER (WHERE kind = 'hook_enqueue') AS enqueues,
+      min((seq, line)) FILTER (WHERE kind = 'hook_enqueue') AS enq_first,
+      max((seq, line)) FILTER (WHERE kind = 'hook_enqueue') AS enq_last,
+      arg_min(ts_ms, (seq, line)) FILTER (WHERE kind = 'hook_enqueue') AS enq_ts,
+      count(*) FILTER (WHERE kind = 'hook_run') AS runs,
+      min((seq, line)) FILTER (WHERE kind = 'hook_run') AS run_first,
+      max((seq, line)) FILTER (WHERE kind = 'hook_run') AS run_last,
+      min((seq, line)) FILTER (WHERE kind = 'hook_run' AND reply_client_message_id IS NOT NULL
+                                        AND reply_client_message_id <> derived) AS bad_reply
+    FROM (SELECT *, 'hook.' || left(sha256(encode(client_message_id) || '\\x00'::BLOB || encode(hook)), 40)
+                    AS derived
+          FROM ev WHERE kind IN ('hook_enqueue', 'hook_run'))
+    GROUP BY ALL) h
+  LEFT JOIN node_end n ON n.node = h.node),
 candidates AS (
   SELECT 'TRC-OUTBOX-LEGAL' AS invariant, node || '|' || oid AS k, node, seq, line,
          CASE WHEN same_row THEN node END AS r_node, CASE WHEN same_row THEN p.seq END AS r_seq,
@@ -341,7 +362,27 @@ candidates AS (
   UNION ALL
   SELECT 'TRC-MESSAGE-EVENT-NEW-ROW', node, node, seq, line, CASE WHEN prev IS NOT NULL THEN node END, prev[1],
          prev[2], true, 'message-event-without-row', CAST(news AS VARCHAR)
-  FROM published)
+  FROM published
+  UNION ALL
+  SELECT 'TRC-HOOK-ONCE', node || '|' || cmid || '|' || hook, node, enq_last[1], enq_last[2], node, enq_first[1],
+         enq_first[2], false, 'hook-enqueued-twice', CAST(enqueues AS VARCHAR)
+  FROM hooks WHERE enqueues > 1
+  UNION ALL
+  SELECT 'TRC-HOOK-ONCE', node || '|' || cmid || '|' || hook, node, run_last[1], run_last[2], node, run_first[1],
+         run_first[2], false, 'hook-finished-twice', CAST(runs AS VARCHAR)
+  FROM hooks WHERE runs > 1
+  UNION ALL
+  SELECT 'TRC-HOOK-ENQUEUED', node || '|' || cmid || '|' || hook, node, run_first[1], run_first[2],
+         CASE WHEN enq_first IS NOT NULL THEN node END, enq_first[1], enq_first[2], false, 'hook-run-unenqueued', NULL
+  FROM hooks WHERE run_first IS NOT NULL AND (enq_first IS NULL OR enq_first > run_first)
+  UNION ALL
+  SELECT 'TRC-HOOK-RUN-FINISHED', node || '|' || cmid || '|' || hook, node, enq_first[1], enq_first[2], NULL, NULL,
+         NULL, false, 'hook-run-unfinished', CAST(last_ts AS VARCHAR)
+  FROM hooks WHERE enqueues > 0 AND runs = 0 AND enq_ts + {hook_window} < last_ts
+  UNION ALL
+  SELECT 'TRC-HOOK-REPLY-ID', node || '|' || cmid || '|' || hook, node, bad_reply[1], bad_reply[2], NULL, NULL, NULL,
+         false, 'hook-reply-id', NULL
+  FROM hooks WHERE bad_reply IS NOT NULL)
 SELECT invariant, k,
   arg_min((node, seq, line, r_node, r_seq, r_line, detail, fact),
           (CASE WHEN by_line THEN '' ELSE node END, CASE WHEN by_line THEN line ELSE seq END,
@@ -353,7 +394,8 @@ FROM candidates GROUP BY invariant, k
 def check(paths: str | Path | list[str] | list[Path], threads: int | None = None, memory_limit: str | None = None,
           redelivery_grace_ms: int = DEFAULT_REDELIVERY_GRACE_MS,
           evidence_events: int = DEFAULT_EVIDENCE_EVENTS, ack_timeout_ms: int = DEFAULT_ACK_TIMEOUT_MS,
-          ack_grace_ms: int = DEFAULT_ACK_GRACE_MS) -> Report:
+          ack_grace_ms: int = DEFAULT_ACK_GRACE_MS, hook_timeout_ms: int = DEFAULT_HOOK_TIMEOUT_MS,
+          hook_grace_ms: int = DEFAULT_HOOK_GRACE_MS) -> Report:
     """Run the catalogue with DuckDB over the valid events of a trace (JSONL or Parquet, validated in SQL by
     ``_duck_input``); returns the violations with their evidence. Raises ``inputs.InputError`` for unusable input."""
     import duckdb
@@ -415,7 +457,8 @@ def check(paths: str | Path | list[str] | list[Path], threads: int | None = None
         con.executemany("INSERT INTO broker_meshes VALUES (?)", [(m,) for m in sorted(broker_meshes)])
     suspects = sorted(node for node, (low, high) in spread.items() if low != high)
     found = [(invariant_id, *first) for invariant_id, _, first in
-             con.execute(_candidates_sql(redelivery_grace_ms, suspects, ack_timeout_ms + ack_grace_ms)).fetchall()]
+             con.execute(_candidates_sql(redelivery_grace_ms, suspects, ack_timeout_ms + ack_grace_ms,
+                                         hook_timeout_ms + hook_grace_ms)).fetchall()]
     counts = dict(Counter(candidate[0] for candidate in found))
     violations = _violations(con, found, evidence_events)
     con.close()
@@ -424,7 +467,8 @@ def check(paths: str | Path | list[str] | list[Path], threads: int | None = None
     return Report("duckdb", ", ".join(map(str, paths)), events, sorted(sources), time.monotonic() - started,
                   sort_violations(violations), counts, loaded.invalid,
                   {"redelivery_grace_ms": redelivery_grace_ms, "ack_timeout_ms": ack_timeout_ms,
-                   "ack_grace_ms": ack_grace_ms},
+                   "ack_grace_ms": ack_grace_ms, "hook_timeout_ms": hook_timeout_ms,
+                   "hook_grace_ms": hook_grace_ms},
                   sum(loaded.reasons.values()), loaded.reasons)
 
 

@@ -75,6 +75,9 @@ FLAT_SCHEMA = pa.schema([
     ("inserted", pa.bool_()),
     ("inbox_seq", pa.int64()),
     ("event_id", pa.int64()),
+    ("hook", pa.string()),
+    ("claims", pa.int32()),
+    ("reply_client_message_id", pa.string()),
 ])
 COLUMNS: tuple[str, ...] = tuple(FLAT_SCHEMA.names)
 RENAMED = {"from": "from_state", "to": "to_state"}

@@ -40,11 +40,14 @@ from .catalogue import (
     DEFAULT_ACK_GRACE_MS,
     DEFAULT_ACK_TIMEOUT_MS,
     DEFAULT_EVIDENCE_EVENTS,
+    DEFAULT_HOOK_GRACE_MS,
+    DEFAULT_HOOK_TIMEOUT_MS,
     DEFAULT_REDELIVERY_GRACE_MS,
     EventRef,
     Violation,
     detail_text,
     evidence_entries,
+    hook_reply_id,
 )
 from .inputs import Trace
 
@@ -65,9 +68,11 @@ DUP_COLUMNS = ("node", "seq", "line", "mesh", "client_message_id", "table_row", 
 ATTEMPT_COLUMNS = ("node", "seq", "line", "mesh", "delivery_id", "attempt")
 INBOX_SEQ_COLUMNS = ("node", "seq", "line", "recipient", "client_message_id", "inserted", "inbox_seq")
 II_COLUMNS = ("node", "seq", "line", "recipient", "client_message_id", "inserted")
+HK_COLUMNS = ("node", "seq", "line", "ts_ms", "kind", "client_message_id", "hook", "reply_client_message_id")
 NEW_ROW, REDELIVERY, MESSAGE = 0, 1, 2  # TRC-MESSAGE-EVENT-NEW-ROW's events: inbox_insert (inserted or not), message
 ALL_COLUMNS = sorted({"kind", "source", "event_id", *OT_COLUMNS, *IPC_COLUMNS, *AD_COLUMNS, *AC_COLUMNS,
-                      *DL_COLUMNS, *DA_COLUMNS, *II_COLUMNS, *DUP_COLUMNS, *ATTEMPT_COLUMNS, *INBOX_SEQ_COLUMNS})
+                      *DL_COLUMNS, *DA_COLUMNS, *II_COLUMNS, *DUP_COLUMNS, *ATTEMPT_COLUMNS, *INBOX_SEQ_COLUMNS,
+                      *HK_COLUMNS})
 
 
 @dataclass
@@ -262,8 +267,11 @@ class Oracle:
 
     def __init__(self, redelivery_grace_ms: int = DEFAULT_REDELIVERY_GRACE_MS,
                  evidence_events: int = DEFAULT_EVIDENCE_EVENTS, ack_timeout_ms: int = DEFAULT_ACK_TIMEOUT_MS,
-                 ack_grace_ms: int = DEFAULT_ACK_GRACE_MS):
+                 ack_grace_ms: int = DEFAULT_ACK_GRACE_MS, hook_timeout_ms: int = DEFAULT_HOOK_TIMEOUT_MS,
+                 hook_grace_ms: int = DEFAULT_HOOK_GRACE_MS):
         self.grace = redelivery_grace_ms
+        self.hook_timeout = hook_timeout_ms
+        self.hook_grace = hook_grace_ms
         self.evidence_events = evidence_events
         self.ack_timeout = ack_timeout_ms
         self.ack_grace = ack_grace_ms
@@ -291,7 +299,8 @@ class Oracle:
                       time.monotonic() - started, sort_violations(violations), dict(counts),
                       [entry for _, entry in invalid.listed],
                       {"redelivery_grace_ms": self.grace, "evidence_events": self.evidence_events,
-                       "ack_timeout_ms": self.ack_timeout, "ack_grace_ms": self.ack_grace},
+                       "ack_timeout_ms": self.ack_timeout, "ack_grace_ms": self.ack_grace,
+                       "hook_timeout_ms": self.hook_timeout, "hook_grace_ms": self.hook_grace},
                       sum(invalid.reasons.values()), invalid.reasons)
 
     # --- one bucket -------------------------------------------------------------------------------------------
@@ -315,6 +324,7 @@ class Oracle:
         self._inbox_seqs(_tuples(table, "inbox_insert", INBOX_SEQ_COLUMNS), st)
         self._published(_tuples(table, "inbox_insert", ("node", "seq", "line", "inserted")),
                         _tuples(table, "sse_event", ("node", "seq", "line", "event")), st)
+        self._hooks(_tuples(table, "hook_enqueue", HK_COLUMNS) + _tuples(table, "hook_run", HK_COLUMNS), st)
 
     def _node_level(self, table: pa.Table, st: _State) -> None:
         columns = table.select(["node", "line", "seq", "ts_ms", "source", "mesh", "kind", "event_id"]).to_pydict()
@@ -624,8 +634,39 @@ class Oracle:
                     self._add(st, "TRC-INBOX-SEQ-NAMES-ROW", (("recipient", recipient), ("client_message_id", cmid)),
                               event, row, "inbox-seq-misnamed", sorted([event[:3], row[:3]]))
 
+    def _hooks(self, events: list[tuple[Any, ...]], st: _State) -> None:
+        """TRC-HOOK-ONCE, TRC-HOOK-ENQUEUED, TRC-HOOK-REPLY-ID, and the runs TRC-HOOK-RUN-FINISHED decides at the end
+        (when each daemon node's last ts is known): per (node, client_message_id, hook), in (seq, line) order."""
+        subjects: dict[tuple[str, str, str], list[tuple[Any, ...]]] = defaultdict(list)
+        for event in events:
+            subjects[(event[0], event[5], event[6])].append(event)
+        for (node, cmid, hook), found in subjects.items():
+            key = (("node", node), ("client_message_id", cmid), ("hook", hook))
+            found.sort(key=lambda e: (e[1], e[2]))
+            enqueues = [e for e in found if e[4] == "hook_enqueue"]
+            runs = [e for e in found if e[4] == "hook_run"]
+            for name, group in (("hook-enqueued-twice", enqueues), ("hook-finished-twice", runs)):
+                if len(group) > 1:
+                    self._add(st, "TRC-HOOK-ONCE", key, group[-1], group[0], name, [group[0][:3], group[-1][:3]],
+                              fact=len(group))
+            if runs and (not enqueues or enqueues[0][1:3] > runs[0][1:3]):
+                related = enqueues[0] if enqueues else None
+                self._add(st, "TRC-HOOK-ENQUEUED", key, runs[0], related, "hook-run-unenqueued",
+                          sorted(e[:3] for e in (runs[0], related) if e is not None))
+            if enqueues and not runs:
+                st.hook_pending.append((*enqueues[0][:4], key))
+            for run in runs:
+                if run[7] is not None and run[7] != hook_reply_id(cmid, hook):
+                    self._add(st, "TRC-HOOK-REPLY-ID", key, run, None, "hook-reply-id", [run[:3]])
+                    break
+
     def _settle_added(self, st: _State) -> None:
-        """The end of TRC-NEW-ROW-TRACED, TRC-INFLIGHT-RESOLVED and TRC-INBOX-SEQ-MONOTONIC."""
+        """The end of TRC-NEW-ROW-TRACED, TRC-INFLIGHT-RESOLVED, TRC-INBOX-SEQ-MONOTONIC and TRC-HOOK-RUN-FINISHED."""
+        for node, seq, line, ts, key in st.hook_pending:
+            end = st.node_end.get(node, 0)
+            if ts + self.hook_timeout + self.hook_grace < end:
+                self._add(st, "TRC-HOOK-RUN-FINISHED", key, (node, seq, line), None, "hook-run-unfinished",
+                          [(node, seq, line)], fact=end)
         for event in st.untraced_new:
             later = st.created_dispatched.get(event[0], -1)
             if later > event[1]:
@@ -819,6 +860,7 @@ class _State:
     inflight: list[tuple[Any, ...]] = field(default_factory=list)
     inbox_seqs: dict[str, tuple[array, array, array]] = field(default_factory=dict)
     published: dict[str, tuple[array, array, array]] = field(default_factory=dict)  # (line, seq, NEW_ROW/...)
+    hook_pending: list[tuple[Any, ...]] = field(default_factory=list)  # first enqueue of a run never marked
     candidates: list[tuple[Any, ...]] = field(default_factory=list)
 
 

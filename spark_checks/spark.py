@@ -50,6 +50,8 @@ from spark_checks.catalogue import (
     DEFAULT_ACK_GRACE_MS,
     DEFAULT_ACK_TIMEOUT_MS,
     DEFAULT_EVIDENCE_EVENTS,
+    DEFAULT_HOOK_GRACE_MS,
+    DEFAULT_HOOK_TIMEOUT_MS,
     DEFAULT_REDELIVERY_GRACE_MS,
     EventRef,
     Violation,
@@ -126,8 +128,11 @@ class SparkChecker:
 
     def __init__(self, spark: Any, chunk: int = DEFAULT_CHUNK, redelivery_grace_ms: int = DEFAULT_REDELIVERY_GRACE_MS,
                  evidence_events: int = DEFAULT_EVIDENCE_EVENTS, limit: int | None = 100,
-                 ack_timeout_ms: int = DEFAULT_ACK_TIMEOUT_MS, ack_grace_ms: int = DEFAULT_ACK_GRACE_MS):
+                 ack_timeout_ms: int = DEFAULT_ACK_TIMEOUT_MS, ack_grace_ms: int = DEFAULT_ACK_GRACE_MS,
+                 hook_timeout_ms: int = DEFAULT_HOOK_TIMEOUT_MS, hook_grace_ms: int = DEFAULT_HOOK_GRACE_MS):
         self.spark = spark
+        self.hook_timeout = hook_timeout_ms
+        self.hook_grace = hook_grace_ms
         self.chunk = chunk
         self.grace = redelivery_grace_ms
         self.ack_timeout = ack_timeout_ms
@@ -191,6 +196,7 @@ class SparkChecker:
                       time.monotonic() - started, sort_violations(violations), counts, self.loaded.invalid,
                       {"redelivery_grace_ms": self.grace, "evidence_events": self.evidence_events,
                        "ack_timeout_ms": self.ack_timeout, "ack_grace_ms": self.ack_grace,
+                       "hook_timeout_ms": self.hook_timeout, "hook_grace_ms": self.hook_grace,
                        "chunk": self.chunk, "heavy_subjects": len(stats["heavy"]),
                        "master": self.spark.sparkContext.master, "timings": dict(self.timings)},
                       sum(self.loaded.reasons.values()), self.loaded.reasons)
@@ -532,7 +538,8 @@ class SparkChecker:
         * per (mesh, client_message_id, broker_message_id): TRC-SIDE-EFFECTS, TRC-DONE-HAS-MESSAGE,
           TRC-DELIVERY-COMMITTED, then per (mesh, client_message_id) TRC-ONE-MESSAGE;
         * per (mesh, delivery_id): TRC-DELIVERY-ACKED;
-        * per (recipient, client_message_id): TRC-ONE-INBOX-ROW.
+        * per (recipient, client_message_id): TRC-ONE-INBOX-ROW, and in the same aggregation per (node,
+          client_message_id, hook): TRC-HOOK-ONCE, TRC-HOOK-ENQUEUED, TRC-HOOK-RUN-FINISHED, TRC-HOOK-REPLY-ID.
         """
         from pyspark.sql import functions as F
 
@@ -628,13 +635,49 @@ class SparkChecker:
         ).join(traced, ["d1", "d2"], "left_anti").groupBy("m1", "m2").agg(*first("unknown"))
         acked = acked.unionByName(self._explode(unknown, (F.col("unknown_pk").isNotNull(), self._candidate(
             "TRC-DELIVERY-ACKED", blank, m1, m2, ref("unknown"), None, "delivery-ack-unknown"))))
-        # --- per inbox row
-        inbox = ev.filter((kind == "inbox_insert") & F.coalesce(F.col("inserted"), F.lit(False))).select(
-            F.xxhash64("recipient", "client_message_id").alias("m1"),
-            F.hash("recipient", "client_message_id").alias("m2"), pk.alias("pk"), "line", F.lit(True).alias("ins")
-        ).groupBy("m1", "m2").agg(F.count(F.lit(1)).alias("inserts"), *first("ins", "low"), *last("ins", "high"))
-        inserted = self._explode(inbox, (F.col("inserts") > 1, self._candidate(
-            "TRC-ONE-INBOX-ROW", blank, m1, m2, ref("high"), ref("low"), "inbox-rows", fact=F.col("inserts"))))
+        # --- per inbox row and per hook run: one aggregation (one exchange) keyed by the family (``hk``) and its
+        # subject, (recipient, client_message_id) for a new inbox row, (node, client_message_id, hook) for a hook
+        # run's events
+        row = (kind == "inbox_insert") & F.coalesce(F.col("inserted"), F.lit(False))
+        enq, run = kind == "hook_enqueue", kind == "hook_run"
+        hooked = enq | run
+        derived = F.concat(F.lit("hook."), F.substring(
+            F.sha2(F.concat(F.col("client_message_id"), F.lit("\x00"), F.col("hook")), 256), 1, 40))
+        reply = F.col("reply_client_message_id")
+        subject = ("ni", "client_message_id", "hook")
+        inbox = ev.filter(row | hooked).select(
+            hooked.alias("hk"),
+            F.when(hooked, F.xxhash64(*subject)).otherwise(F.xxhash64("recipient", "client_message_id")).alias("m1"),
+            F.when(hooked, F.hash(*subject)).otherwise(F.hash("recipient", "client_message_id")).alias("m2"),
+            pk.alias("pk"), "line", "ts_ms", row.alias("ins"), enq.alias("enq"), run.alias("run"),
+            (run & reply.isNotNull() & (reply != derived)).alias("bad")
+        ).groupBy("hk", "m1", "m2").agg(
+            F.count(F.when(F.col("ins"), 1)).alias("inserts"), *first("ins", "low"), *last("ins", "high"),
+            F.count(F.when(F.col("enq"), 1)).alias("enqs"), *first("enq"), *last("enq", "enq_last"),
+            F.min_by("ts_ms", F.when(F.col("enq"), F.col("pk"))).alias("enq_ts"),
+            F.count(F.when(F.col("run"), 1)).alias("runs"), *first("run"), *last("run", "run_last"), *first("bad"))
+        inbox = inbox.join(F.broadcast(ends), F.shiftright(F.col("enq_pk"), SEQ_BITS) == F.col("end_ni"), "left")
+        hk, enq_pk, run_pk = F.col("hk"), F.col("enq_pk"), F.col("run_pk")
+        unenqueued = hk & run_pk.isNotNull() & (enq_pk.isNull() | (F.struct("enq_pk", "enq_line")
+                                                                   > F.struct("run_pk", "run_line")))
+        inserted = self._explode(
+            inbox,
+            (~hk & (F.col("inserts") > 1), self._candidate(
+                "TRC-ONE-INBOX-ROW", blank, m1, m2, ref("high"), ref("low"), "inbox-rows", fact=F.col("inserts"))),
+            (hk & (F.col("enqs") > 1), self._candidate(
+                "TRC-HOOK-ONCE", blank, m1, m2, ref("enq_last"), ref("enq"), "hook-enqueued-twice",
+                fact=F.col("enqs"))),
+            (hk & (F.col("runs") > 1), self._candidate(
+                "TRC-HOOK-ONCE", blank, m1, m2, ref("run_last"), ref("run"), "hook-finished-twice",
+                fact=F.col("runs"))),
+            (unenqueued, self._candidate("TRC-HOOK-ENQUEUED", blank, m1, m2, ref("run"), ref("enq"),
+                                         "hook-run-unenqueued")),
+            (hk & (F.col("enqs") > 0) & (F.col("runs") == 0)
+             & (F.col("enq_ts") + (self.hook_timeout + self.hook_grace) < F.col("end")), self._candidate(
+                "TRC-HOOK-RUN-FINISHED", blank, m1, m2, ref("enq"), None, "hook-run-unfinished",
+                fact=F.col("end"))),
+            (hk & F.col("bad_pk").isNotNull(), self._candidate(
+                "TRC-HOOK-REPLY-ID", blank, m1, m2, ref("bad"), None, "hook-reply-id")))
         return per_message.unionByName(one_message).unionByName(acked).unionByName(inserted)
 
     def _requeues(self, ev):

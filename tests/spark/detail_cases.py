@@ -1,6 +1,6 @@
 """Hand-made violations: one subject for each ``catalogue.DETAILS`` case of the thirteen invariants the catalogue
-started with (and of TRC-MESSAGE-EVENT-NEW-ROW) that a schema-valid event can reach, written as JSONL (one file per
-node), with the detail every engine must print for it."""
+started with (and of TRC-MESSAGE-EVENT-NEW-ROW and TRC-HOOK-*) that a schema-valid event can reach, written as JSONL
+(one file per node), with the detail every engine must print for it."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import hashlib
 import json
 from pathlib import Path
 from typing import Any
+
+from spark_checks.catalogue import hook_reply_id
 
 BASE = 1_767_225_600_000
 MESH = "mesh-hand"
@@ -239,8 +241,53 @@ def hand_made(root: Path) -> tuple[Path, dict[tuple[str, Key], str]]:
     end = b.commit("c-last", "M-last", ts_ms=lease + 60_000)["ts_ms"]
     want["TRC-DELIVERY-ACKED", (("mesh", MESH), ("delivery_id", "M-unacked.0"))] = (
         f"delivery M-unacked.0 (attempt 1) never acked: its lease ended at {lease}, the broker traced until {end}")
+    # TRC-HOOK-ONCE, TRC-HOOK-ENQUEUED, TRC-HOOK-RUN-FINISHED, TRC-HOOK-REPLY-ID, on a daemon of their own
+    h = Node("daemon", "daemon-h")
+
+    def hook_key(invariant: str, cmid: str, hook: str = "on-message") -> tuple[str, Key]:
+        return invariant, (("node", "daemon-h"), ("client_message_id", cmid), ("hook", hook))
+
+    def enqueue(cmid: str, inbox_seq: int, hook: str = "on-message", ts_ms: int | None = None) -> dict[str, Any]:
+        return h.emit("hook_enqueue", ts_ms=ts_ms, mesh=MESH, client_message_id=cmid, broker_message_id="M-hook",
+                      inbox_seq=inbox_seq, hook=hook)
+
+    def run(cmid: str, inbox_seq: int, to: str = "done", reply: str | None = None,
+            hook: str = "on-message") -> dict[str, Any]:
+        return h.emit("hook_run", mesh=MESH, client_message_id=cmid, inbox_seq=inbox_seq, hook=hook, to=to, claims=1,
+                      reply_client_message_id=reply, http_status=None if reply is None else 202)
+
+    enqueue("c-hook-twice", 1)
+    run("c-hook-twice", 1)
+    enqueue("c-hook-twice", 2)
+    want[hook_key("TRC-HOOK-ONCE", "c-hook-twice")] = ("2 hook_enqueue events for hook on-message of "
+                                                        "client_message_id c-hook-twice: inbox_seq 1 first, 2 last")
+    enqueue("c-hook-marked", 3)
+    first = run("c-hook-marked", 3)
+    run("c-hook-marked", 3, to="failed")
+    want[hook_key("TRC-HOOK-ONCE", "c-hook-marked")] = (
+        f"2 hook_run events for hook on-message of client_message_id c-hook-marked: done first (seq {first['seq']}), "
+        "failed last")
+    early = run("c-hook-early", 4, to="timed_out")
+    late = enqueue("c-hook-early", 4)
+    want[hook_key("TRC-HOOK-ENQUEUED", "c-hook-early")] = (
+        f"hook on-message run for client_message_id c-hook-early marked timed_out at seq {early['seq']} before any "
+        f"hook_enqueue of the pair (the first at seq {late['seq']})")
+    alone = run("c-hook-alone", 5)
+    want[hook_key("TRC-HOOK-ENQUEUED", "c-hook-alone")] = (
+        f"hook on-message run for client_message_id c-hook-alone marked done at seq {alone['seq']} before any "
+        "hook_enqueue of the pair (the first at seq none)")
+    enqueue("c-hook-reply", 6, hook="on-dm")
+    run("c-hook-reply", 6, reply=hook_reply_id("c-hook-reply", "on-message"), hook="on-dm")
+    want[hook_key("TRC-HOOK-REPLY-ID", "c-hook-reply", "on-dm")] = (
+        f"hook on-dm replied to client_message_id c-hook-reply under {hook_reply_id('c-hook-reply', 'on-message')}; "
+        f"the id derived from the pair is {hook_reply_id('c-hook-reply', 'on-dm')}")
+    pending = enqueue("c-hook-pending", 7)
+    last = h.emit("sse_event", ts_ms=pending["ts_ms"] + 40_001, event_id=1, event="peer_join")
+    want[hook_key("TRC-HOOK-RUN-FINISHED", "c-hook-pending")] = (
+        f"hook on-message run for client_message_id c-hook-pending (inbox_seq 7) enqueued at ts_ms {pending['ts_ms']} "
+        f"never marked finished; the daemon traced until {last['ts_ms']}")
     out = root / "hand-made"
     out.mkdir(parents=True)
-    for node in (d, s, i, b):
+    for node in (d, s, i, b, h):
         (out / f"{node.node}.jsonl").write_text("".join(json.dumps(e) + "\n" for e in node.events))
     return out, want

@@ -18,7 +18,7 @@ from trace_testkit import Broker, Daemon, fingerprint, same_answers
 
 from spark_checks import format as fmt
 from spark_checks import oracle
-from spark_checks.catalogue import EventRef
+from spark_checks.catalogue import EventRef, hook_reply_id
 from spark_checks.generate import Params, generate
 
 A, B = fingerprint("a"), fingerprint("b")
@@ -366,7 +366,55 @@ def ipc_after_lost_creation() -> tuple[list[Any], set[Identity], str]:
     }, "TRC-IPC-CONSISTENT"
 
 
+def hook_runs() -> tuple[list[Any], set[Identity], str]:
+    """TRC-HOOK-*: a run enqueued twice, marked twice, marked before (or without) its enqueue, never marked while
+    the daemon traced on, and a reply under another id; next to the shapes allowed: a run whose daemon stopped before
+    it was marked, one still within its timeout, a failed and a timed-out run, a reply refused with 409."""
+    daemon = Daemon("daemon-hooks", mesh="m-hooks")
+
+    def key(cmid: str, hook: str = "on-message") -> tuple[tuple[str, str], ...]:
+        return (("node", "daemon-hooks"), ("client_message_id", cmid), ("hook", hook))
+
+    # allowed: enqueued, run, replied under the derived id (a re-run's reply answered 409 is still that id)
+    daemon.inbox_insert(PEER, "h-1", True, 1)
+    daemon.hook_enqueue("h-1", "on-message", 1)
+    daemon.hook_enqueue("h-1", "on-topic-t0", 1)
+    daemon.hook_run("h-1", "on-message", 1, reply=hook_reply_id("h-1", "on-message"), http_status=202)
+    daemon.hook_run("h-1", "on-topic-t0", 1, to="timed_out", claims=2)
+    daemon.hook_enqueue("h-2", "on-message", 2)
+    daemon.hook_run("h-2", "on-message", 2, to="failed", reply=None)
+    # a redelivery that enqueued the hook again, and a run marked twice
+    first_enqueue = daemon.hook_enqueue("h-3", "on-message", 3)
+    daemon.hook_run("h-3", "on-message", 3)
+    again = daemon.hook_enqueue("h-3", "on-message", 3)
+    first_run = daemon.hook_run("h-4", "on-message", 4)  # and no enqueue before it: unenqueued too
+    second_run = daemon.hook_run("h-4", "on-message", 4, to="failed")
+    # marked before its enqueue
+    early = daemon.hook_run("h-5", "on-message", 5)
+    late = daemon.hook_enqueue("h-5", "on-message", 5)
+    # a reply under another id, twice: reported at the first
+    daemon.hook_enqueue("h-6", "on-dm", 6)
+    wrong = daemon.hook_run("h-6", "on-dm", 6, reply=hook_reply_id("h-6", "on-message"), http_status=202)
+    # never marked: enqueued, then the daemon traced on for longer than the timeout and the grace
+    unfinished = daemon.hook_enqueue("h-7", "on-message", 7)
+    daemon.wait(40_001)
+    daemon.sse(1, "daemon_reconnect")
+    # still within its timeout when the trace ends
+    daemon.hook_enqueue("h-8", "on-message", 8)
+    daemon.wait(39_000)
+    daemon.sse(2, "daemon_reconnect")
+    return [daemon], {
+        ("TRC-HOOK-ONCE", key("h-3"), at(again), at(first_enqueue)),
+        ("TRC-HOOK-ONCE", key("h-4"), at(second_run), at(first_run)),
+        ("TRC-HOOK-ENQUEUED", key("h-4"), at(first_run), None),
+        ("TRC-HOOK-ENQUEUED", key("h-5"), at(early), at(late)),
+        ("TRC-HOOK-REPLY-ID", key("h-6", "on-dm"), at(wrong), None),
+        ("TRC-HOOK-RUN-FINISHED", key("h-7"), at(unfinished), None),
+    }, ""
+
+
 CASES: dict[str, Callable[[], tuple[list[Any], set[Identity], str]]] = {
+    "TRC-HOOK-*": hook_runs,
     "TRC-IPC-CONSISTENT": ipc_after_lost_creation,
     "TRC-DUP-FINGERPRINT": dup_fingerprint,
     "TRC-NEW-ROW-TRACED": new_row_traced,
@@ -400,8 +448,8 @@ def test_each_gap_is_reported_exactly_by_the_oracle_and_duckdb(tmp_path: Path, c
 def test_the_oracle_does_not_trust_a_parquet_layout(tmp_path: Path):
     """A Parquet trace laid out by anything but ``meshtrace convert``'s buckets -- here a writer that rolls each node's
     events into a directory per period -- splits subjects across directories: the oracle finds that and replays the
-    trace whole (bucket by bucket it reported 70 violations where there are 38), so it reports what DuckDB does; a
-    generated trace is still read bucket by bucket."""
+    trace whole (bucket by bucket it reported 70 violations where there were 38, before the hook cases), so it
+    reports what DuckDB does; a generated trace is still read bucket by bucket."""
     import pyarrow.parquet as pq
 
     pytest.importorskip("duckdb")
@@ -424,7 +472,7 @@ def test_the_oracle_does_not_trust_a_parquet_layout(tmp_path: Path):
     generate(tmp_path / "generated", Params(events=3000, daemons=4, seed=5))
     assert not fmt.split_subjects(groups(tmp_path / "generated" / "events"))
     by_oracle, by_duck = oracle.check(tmp_path / "rolled"), duck.check(tmp_path / "rolled")
-    assert len(by_oracle.violations) == 38
+    assert len(by_oracle.violations) == 44
     assert by_oracle.identities() == by_duck.identities() == oracle.check(tmp_path / "bucketed").identities()
     assert {v.identity: v.detail for v in by_duck.violations} == {v.identity: v.detail for v in by_oracle.violations}
 
@@ -437,7 +485,7 @@ def test_spark_reports_the_same_in_one_run_over_every_case(spark, tmp_path: Path
     fmt.convert_jsonl(files, tmp_path / "parquet")
     by_spark = SparkChecker(spark, chunk=4, limit=None).check(tmp_path / "parquet")  # chunk boundaries everywhere
     by_oracle = oracle.check(tmp_path / "parquet")  # the same input: evidence from JSONL also names file:line
-    assert len(by_oracle.violations) == 38
+    assert len(by_oracle.violations) == 44
     assert same_answers(by_spark, by_oracle) == []
 
 

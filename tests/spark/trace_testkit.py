@@ -124,6 +124,16 @@ class Daemon(Node):
     def sse(self, event_id: int, event: str = "message") -> dict[str, Any]:
         return self._emit("sse_event", event_id=event_id, event=event)
 
+    def hook_enqueue(self, cmid: str, hook: str, inbox_seq: int,
+                     broker_message_id: str = "01JBROKERMESSAGE0000000001") -> dict[str, Any]:
+        return self._emit("hook_enqueue", mesh=self.mesh, client_message_id=cmid,
+                          broker_message_id=broker_message_id, inbox_seq=inbox_seq, hook=hook)
+
+    def hook_run(self, cmid: str, hook: str, inbox_seq: int, to: str = "done", claims: int = 1,
+                 reply: str | None = None, http_status: int | None = None) -> dict[str, Any]:
+        return self._emit("hook_run", mesh=self.mesh, client_message_id=cmid, inbox_seq=inbox_seq, hook=hook, to=to,
+                          claims=claims, reply_client_message_id=reply, http_status=http_status)
+
 
 class Broker(Node):
     """A broker's accept decisions, commits, deliveries and acks."""

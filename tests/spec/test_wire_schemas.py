@@ -282,6 +282,11 @@ OBX_SUCCESSOR = changed(OBX, **{"outbox_id": SUCCESSOR_ID, "client_message_id": 
 INBOX = {**envelope("daemon", "inbox_insert", 2), "mesh": MESH, "recipient": PK, "client_message_id": CMID,
          "broker_message_id": BMID, "delivery_id": "d-17", "inserted": True, "inbox_seq": 1}
 SSE = {**envelope("daemon", "sse_event", 3), "event_id": 1, "event": "message"}
+HOOK_ENQUEUE = {**envelope("daemon", "hook_enqueue", 4), "mesh": MESH, "client_message_id": CMID,
+                "broker_message_id": BMID, "inbox_seq": 1, "hook": "on-message"}
+HOOK_RUN = {**envelope("daemon", "hook_run", 5), "mesh": MESH, "client_message_id": CMID, "inbox_seq": 1,
+            "hook": "on-message", "to": "done", "claims": 1,
+            "reply_client_message_id": "hook.0123456789abcdef0123456789abcdef01234567", "http_status": 202}
 ACCEPT = {**envelope("broker", "accept_decision"), "mesh": MESH, "client_message_id": CMID, "request_fingerprint": FP,
           "table_row": "BRK-ACCEPT", "phase": "B3", "status": 201, "broker_message_id": BMID, "member": PK2}
 COMMIT = {**envelope("broker", "accept_commit", 1), "mesh": MESH, "client_message_id": CMID, "broker_message_id": BMID,
@@ -331,6 +336,20 @@ EVENTS: dict[str, tuple[list[dict[str, Any]], list[tuple[str, dict[str, Any]]]]]
         [("event_id_zero", changed(SSE, event_id=0)),
          ("unknown_event", changed(SSE, event="peer_joined")),
          ("no_event", without(SSE, "event"))],
+    ),
+    "hook_enqueue": (
+        [HOOK_ENQUEUE, changed(HOOK_ENQUEUE, hook="on-topic-deploys")],
+        [("seq_zero", changed(HOOK_ENQUEUE, inbox_seq=0)),
+         ("no_hook", without(HOOK_ENQUEUE, "hook")),
+         ("empty_hook", changed(HOOK_ENQUEUE, hook=""))],
+    ),
+    "hook_run": (
+        [HOOK_RUN, changed(HOOK_RUN, to="failed", claims=3, reply_client_message_id=None, http_status=None),
+         changed(HOOK_RUN, to="done", http_status=409)],
+        [("not_final", changed(HOOK_RUN, to="claimed")),
+         ("status_without_reply", changed(HOOK_RUN, reply_client_message_id=None)),
+         ("claims_negative", changed(HOOK_RUN, claims=-1)),
+         ("bad_reply_id", changed(HOOK_RUN, reply_client_message_id="hook id"))],
     ),
     "accept_decision": (
         [ACCEPT,
