@@ -121,6 +121,17 @@ def trace_store_item(trace: TraceWriter, mesh: str, item: Any) -> None:
                    broker_message_id=current.broker_message_id, superseded_by=current.superseded_by)
 
 
+def trace_hook_run(trace: TraceWriter, mesh: str, run: Any) -> None:
+    """Write the ``hook_run`` event of a run marked finished (a ``store.hook_runs.StoredRun``): its final state, its
+    claims and, when its reply went through the §4.5.1 lookup, the reply's id and the answer's status."""
+    reply = (run.result or {}).get("reply")
+    submitted = isinstance(reply, dict) and reply.get("http_status") is not None
+    trace.emit("hook_run", mesh=mesh, client_message_id=run.client_message_id, inbox_seq=run.inbox_seq, hook=run.hook,
+               to=run.state, claims=run.claims,
+               reply_client_message_id=reply["client_message_id"] if submitted else None,
+               http_status=int(reply["http_status"]) if submitted else None)
+
+
 @dataclass(frozen=True)
 class Components:
     """What the daemon is built from; every field defaults to the reference's own and is called exactly like it.
@@ -264,7 +275,7 @@ class Runtime:
         self.metrics = DaemonMetrics(self.outbox)
         self.hooks = (load_hooks(hooks_folder(state_dir, config), float(config["hooks"]["default_timeout_s"]))
                       if config["hooks"]["enabled"] else None)
-        self.receiver = InboxReceiver(self.inbox, self.bus, self.hooks, self.clock.ms)
+        self.receiver = InboxReceiver(self.inbox, self.bus, self.hooks, self.clock.ms, trace=self.trace)
         self.link = parts.broker_link(config=config.values, keypair=self.keypair, outbox=self.outbox,
                                       inbox=self.receiver, publish=self.bus.publish,
                                       on_fatal=self._fatal, metrics=self.metrics, trace=self.trace, clock=self.clock)
@@ -297,6 +308,8 @@ class Runtime:
     def _hook_finished(self, run: Any) -> None:
         duration = (run.result or {}).get("duration_ms")
         self.metrics.hook(run.hook, run.state, None if duration is None else duration / 1000)
+        if self.trace is not None:  # after the mark's commit, as every trace event follows its commit (E-32)
+            trace_hook_run(self.trace, self.config["daemon"]["mesh"], run)
 
     def _trace_store(self, item: Any) -> None:
         trace_store_item(self.trace, self.config["daemon"]["mesh"], item)
@@ -382,21 +395,24 @@ def requeue(outbox: OutboxStore, outbox_id: str, new_client_message_id: str | No
 
 
 class InboxReceiver:
-    """Turns a broker ``push`` into an inbox row and its ``message`` event, in one transaction."""
+    """Turns a broker ``push`` into an inbox row and its ``message`` event, in one transaction (with the row's hook
+    runs, traced as ``hook_enqueue`` events after its ``inbox_insert``)."""
 
     def __init__(self, inbox: InboxStore, bus: EventBus, hooks: list[Hook] | None = None,
-                 clock_ms: Callable[[], int] = lambda: 0):
+                 clock_ms: Callable[[], int] = lambda: 0, trace: TraceWriter | None = None):
         self.inbox = inbox
         self.bus = bus
         self.hooks = hooks or []
         self.clock_ms = clock_ms
+        self.trace = trace
         self.runner: HookRunner | None = None  # woken when a stored message has runs
 
     def receive(self, frame: dict[str, Any], mesh: str, now_ms: int,
                 traced: Callable[[dict[str, Any] | None], None] | None = None) -> dict[str, Any] | None:
         """Store the pushed message (``None`` for a duplicate) and announce its event; ``traced`` is called with the
         result after the commit and before the event is announced, so the row's ``inbox_insert`` precedes its
-        ``message`` ``sse_event`` in the trace (E-32)."""
+        ``hook_enqueue`` events and its ``message`` ``sse_event`` in the trace (E-32), and the runs are traced
+        before a worker is woken to claim them."""
         message = InboxMessage(
             id=str(ULID()), client_message_id=frame["client_message_id"], mesh=mesh,
             sender_pubkey=frame["senderPubkey"], sender_name=frame.get("senderName") or "", received_at=now_ms,
@@ -405,17 +421,24 @@ class InboxReceiver:
             delivery_id=frame.get("delivery_id"),
         )
         runs: list[str] = []
+        hooks: list[str] = []
 
         def with_row(conn: sqlite3.Connection, row: InboxRow, event_id: int) -> None:
-            runs.extend(enqueue_runs(conn, row, matching(self.hooks, row), self.clock_ms(), event_id))
+            names = matching(self.hooks, row)
+            runs.extend(enqueue_runs(conn, row, names, self.clock_ms(), event_id))
+            hooks[:] = names
 
         # req: HOOK-INBOX-FIRST -- a message's hook runs are written in the transaction that stores it (§5)
         stored = self.inbox.insert_with_event(message, message_payload, with_row=with_row if self.hooks else None)
-        if runs and self.runner is not None:
-            self.runner.notify()
         inserted = None if stored is None else {"seq": stored[0].seq, "id": stored[0].id}
         if traced is not None:
             traced(inserted)
+        if stored is not None and self.trace is not None:
+            for hook in hooks:
+                self.trace.emit("hook_enqueue", mesh=mesh, client_message_id=stored[0].client_message_id,
+                                broker_message_id=frame["messageId"], inbox_seq=stored[0].seq, hook=hook)
+        if runs and self.runner is not None:
+            self.runner.notify()
         # req: INB-DEDUPE-EVENT -- a duplicate publishes no event
         if stored is None:
             return None
