@@ -5,6 +5,7 @@
                     [--strict] [--spec-only] [--select ID ...] [--deselect ID ...] [--seed N]
                     [--case-timeout S] [--deadline S] [--report-dir DIR]
     meshconform broker [--url ws://… | --launch TEMPLATE] [--lease-s S] [...]
+    meshconform sdk [--launch 'DRIVER {scenario} {results}'] [...]
     meshconform list [--json] [--write]
 
 Exit codes: 0 every MUST passed (and every SHOULD with --strict), 1 a failure, 2 a fault of the harness itself.
@@ -57,12 +58,15 @@ class _Progress:
 
 
 def _pytest_args(args: argparse.Namespace) -> list[str]:
-    broker = args.command == "broker"
-    argv = [str(registry.BROKER_CASES_DIR if broker else registry.CASES_DIR), "-p", "conformance.plugin",
+    broker, sdk = args.command == "broker", args.command == "sdk"
+    suite = registry.BROKER_CASES_DIR if broker else registry.SDK_CASES_DIR if sdk else registry.CASES_DIR
+    argv = [str(suite), "-p", "conformance.plugin",
             "-p", "no:cacheprovider", "-p", "no:terminal", "-o", "addopts=", "-o", "testpaths=",
             "-p", "no:timeout", "--rootdir", str(registry.CASES_DIR.parent),
             f"--meshspec-case-timeout={args.case_timeout}", f"--meshspec-deadline={args.deadline}"]
-    if broker:
+    if sdk:
+        argv.append(f"--meshspec-sdk-launch={args.launch or 'reference'}")
+    elif broker:
         if args.url:
             argv.append(f"--meshspec-broker-url={args.url}")
         else:
@@ -77,7 +81,7 @@ def _pytest_args(args: argparse.Namespace) -> list[str]:
         argv.append(f"--meshspec-dialect={args.dialect}")
         for value in args.timing or ():
             argv.append(f"--meshspec-timing={value}")
-    if args.launch and not broker:
+    if args.launch and not broker and not sdk:
         argv.append(f"--meshspec-launch={args.launch}")
     if getattr(args, "token_file", None):
         argv.append(f"--meshspec-token-file={args.token_file}")
@@ -109,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
     summarize(report)
     if getattr(args, "record_reference", False):
         reference = (args.command == "broker" and not args.url and not args.launch) or (
-            args.command == "run" and args.target == "reference" and not args.launch)
+            args.command == "run" and args.target == "reference" and not args.launch) or (
+            args.command == "sdk" and not args.launch)
         if not reference or args.select or args.deselect:
             console.print("[red]--record-reference needs a full run against the reference[/red]")
             return 2
@@ -247,6 +252,18 @@ def main(argv: list[str] | None = None) -> int:
     brokers.add_argument("--record-reference", action="store_true",
                          help="with the reference broker: record the verdicts CONFORMANCE.md shows")
     brokers.set_defaults(func=run)
+    sdks = sub.add_parser("sdk", help="run the SDK suite against a client SDK (the harness plays the daemon)")
+    sdks.add_argument("--launch", help="the SDK's driver: a template with {scenario} and {results} "
+                      "(conformance/sdk_target.py); default: the Python SDK, reference/client")
+    for name, kwargs in (("--strict", {"action": "store_true"}), ("--spec-only", {"action": "store_true"}),
+                         ("--select", {"action": "append"}), ("--deselect", {"action": "append"}),
+                         ("--seed", {"type": int}), ("--case-timeout", {"type": float, "default": 120.0}),
+                         ("--deadline", {"type": float, "default": 1800.0}), ("--report-dir", {"type": Path}),
+                         ("--quiet", {"action": "store_true"})):
+        sdks.add_argument(name, **kwargs)
+    sdks.add_argument("--record-reference", action="store_true",
+                      help="with the Python SDK: record the verdicts CONFORMANCE.md shows")
+    sdks.set_defaults(func=run)
     lister = sub.add_parser("list", help="list the cases and the requirements they check")
     lister.add_argument("--json", action="store_true")
     lister.add_argument("--write", action="store_true",

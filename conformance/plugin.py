@@ -152,6 +152,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="broker suite: launch template with {port} {state_dir} ('reference' for the reference)")
     group.addoption("--meshspec-store-dsn", default=None, help="broker suite: the broker's store, for the inventory")
     group.addoption("--meshspec-mesh-id", default="meshconform", help="broker suite: the mesh the members join")
+    group.addoption("--meshspec-sdk-launch", default=None,
+                    help="SDK suite: driver template with {scenario} {results} ('reference' for the Python SDK)")
     group.addoption("--meshspec-lease-s", type=float, default=None,
                     help="broker suite: the broker's delivery lease (default: its advertised one, else 30 s)")
 
@@ -162,8 +164,9 @@ def pytest_configure(config: pytest.Config) -> None:
     report_dir = config.getoption("--meshspec-report-dir")
     broker_spec = config.getoption("--meshspec-broker-url") or config.getoption("--meshspec-broker-launch")
     daemon_spec = (config.getoption("--meshspec-launch") and "launch") or config.getoption("--meshspec-target")
+    sdk_spec = config.getoption("--meshspec-sdk-launch")
     config.stash[STATE] = RunState(
-        target_spec=f"broker {broker_spec}" if broker_spec else daemon_spec,
+        target_spec=f"sdk {sdk_spec}" if sdk_spec else f"broker {broker_spec}" if broker_spec else daemon_spec,
         strict=config.getoption("--meshspec-strict"),
         spec_only=config.getoption("--meshspec-spec-only"),
         seed=seed if seed is not None else random.SystemRandom().randrange(2**31),
@@ -269,6 +272,33 @@ def mesh_target(request: pytest.FixtureRequest) -> Iterator[Target]:
         instances=target.trace_dirs)
     yield target
     target.close()
+
+
+@pytest.fixture
+def sdk_state(tmp_path: Path) -> Path:
+    """SDK suite: the state directory the scripted daemon serves from and the SDK discovers it in (not created)."""
+    return tmp_path / "state"
+
+
+@pytest.fixture
+def run_sdk(request: pytest.FixtureRequest, tmp_path: Path):
+    """SDK suite: run the SDK's driver on steps against a started scripted daemon; returns its result lines."""
+    from .sdk_target import REFERENCE_SDK, SdkLaunchError, check_template, run_driver
+
+    launch = request.config.getoption("--meshspec-sdk-launch") or "reference"
+    template = REFERENCE_SDK if launch == "reference" else launch
+    try:
+        check_template(template)
+    except SdkLaunchError as exc:
+        request.config.stash[STATE].harness_errors.append(str(exc))
+        pytest.exit(f"meshconform: {exc}", returncode=2)
+    runs = iter(range(1_000))
+
+    def run(daemon, steps: list[dict], timeout: float = 45.0) -> list[dict]:
+        scenario = {"state_dir": str(daemon.state_dir), "mesh": daemon.mesh, "steps": steps}
+        return run_driver(template, scenario, tmp_path / f"driver-{next(runs)}", timeout)
+
+    return run
 
 
 @pytest.fixture

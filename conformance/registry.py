@@ -18,6 +18,7 @@ import pytest
 
 CASES_DIR = Path(__file__).resolve().parent / "cases"
 BROKER_CASES_DIR = Path(__file__).resolve().parent / "broker_cases"
+SDK_CASES_DIR = Path(__file__).resolve().parent / "sdk_cases"
 CASE_IDS_FILE = Path(__file__).resolve().parent / "case_ids.json"
 MARK = "meshspec"
 
@@ -41,9 +42,10 @@ def case(case_id: str, *requirements: str):
 
 @functools.cache
 def cases(*dirs: Path) -> tuple[CaseInfo, ...]:
-    """Every case (of the daemon and the broker suites, or of ``dirs``), in file and line order."""
+    """Every case (of the daemon, broker and SDK suites, or of ``dirs``), in file and line order."""
     found: list[CaseInfo] = []
-    for path in [p for d in (dirs or (CASES_DIR, BROKER_CASES_DIR)) for p in sorted(d.glob("test_*.py"))]:
+    suites = dirs or (CASES_DIR, BROKER_CASES_DIR, SDK_CASES_DIR)
+    for path in [p for d in suites for p in sorted(d.glob("test_*.py"))]:
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
             if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):

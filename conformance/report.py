@@ -60,7 +60,10 @@ def cite(requirement: dict[str, Any]) -> str:
 
 def _replay(state: Any, case_id: str) -> str:
     target = state.target_spec
-    if target.startswith("broker "):
+    if target.startswith("sdk "):
+        spec = target.removeprefix("sdk ")
+        parts = ["meshconform sdk", "" if spec == "reference" else f"--launch '{spec}'"]
+    elif target.startswith("broker "):
         spec = target.removeprefix("broker ")
         where = "" if spec == "reference" else (f"--url {spec}" if spec.startswith("ws://") else f"--launch '{spec}'")
         parts = ["meshconform broker", where]

@@ -143,6 +143,7 @@ class Client:
             finally:
                 conn.close()
             if status == 401 and attempt == 1 and self.endpoint.token_file is not None:
+                # req: SDK-TOKEN-REREAD -- a rotated token: authorization() reads the file again
                 continue
             return status, answer_headers, data
         raise AssertionError("unreachable")
@@ -197,6 +198,7 @@ class Client:
             Unavailable: still busy or unreachable at the deadline.
             MeshError: any other refusal (400, 413, ...): retrying it would not help.
         """
+        # req: SDK-SAME-KEY -- given or minted once, then the key of every attempt
         key = client_message_id or new_client_message_id()
         body: dict[str, Any] = {"to": to, "message": message, "client_message_id": key}
         for name, value in (("priority", priority), ("meta", meta), ("reply_to_id", reply_to_id)):
@@ -214,9 +216,11 @@ class Client:
                     return SendResult.from_json(json.loads(data))
                 error = _problem("POST", "/v1/send", status, headers, data)
                 if status not in RETRY_STATUSES:
+                    # req: SDK-NO-RETRY-REFUSED, SDK-TYPED-CONFLICT -- a 409 is a Conflict, raised at once
                     raise error
                 hint, failure, problem = retry_after(headers.get("retry-after")), str(error), error.problem
             left = end - time.monotonic()
+            # req: SDK-RETRY-AFTER
             # Retry-After is honoured, never cut short; without one, backoff with jitter, and a last try at the end
             wait = hint if hint is not None else min(left, min(5.0, 0.05 * 2 ** attempt) * (0.5 + random.random() / 2))
             if left <= 0 or wait > left:
@@ -234,6 +238,7 @@ class Client:
     def inbox_pages(self, *, cursor: str | None = None, **filters: Any) -> Iterator[InboxPage]:
         """Every page after ``cursor`` up to the first empty one; resume later from the last ``next_cursor``."""
         while True:
+            # req: SDK-INBOX-CURSOR -- to the first empty page, each page after the last one's next_cursor
             page = self.inbox(cursor=cursor, **filters)
             if not page.items:
                 return
@@ -251,6 +256,7 @@ class Client:
         while True:
             headers = {"Accept": "text/event-stream"}
             if last is not None:
+                # req: SDK-EVENTS-RESUME -- the last event yielded; the replay's repeats are skipped below
                 headers["Last-Event-ID"] = str(last)
             conn = self.endpoint.connection(read_timeout_s)
             try:
@@ -350,11 +356,12 @@ def _answers(endpoint: Endpoint, mesh: str | None, connect_timeout_s: float, tim
     try:
         probe = endpoint.connection(connect_timeout_s)
         try:
-            probe.connect()  # a real connection, within the connect timeout
+            probe.connect()  # req: SDK-DISCOVER-CONNECT -- a real connection, within the connect timeout
         finally:
             probe.close()
         # §8.2: well-formed, the mesh, a compatible version -- judged by ipc_api, the surface this client is
         # versioned with (daemon_version is each implementation's own number), E-51
+        # req: SDK-DISCOVER-CHECK
         version = client._json("GET", "/v1/version")
         api = version.get("ipc_api") if isinstance(version, dict) else None
         if api != IPC_API:
@@ -397,6 +404,7 @@ def discover(state_dir: str | os.PathLike[str] | None = None, *, mesh: str | Non
             return Client(endpoint, timeout)
         tried.append(f"{endpoint.socket_path}: {why}")
     try:
+        # req: SDK-DISCOVER-TCP -- http.port and local_token
         port = int((root / "http.port").read_text(encoding="ascii").strip())
     except (OSError, ValueError) as exc:
         tried.append(f"{root / 'http.port'}: {exc}")

@@ -275,7 +275,7 @@ def _provenance_problems(req: dict[str, Any]) -> list[str]:
     if isinstance(cite, dict) and not CITE_REF.match(str(cite.get("ref", ""))):
         found.append(f"cite ref {cite.get('ref')!r} is not `v<round> §<section>[, §<section>]`")
     if not req.get("subject"):
-        found.append("no subject (daemon, broker)")
+        found.append("no subject (daemon, broker, sdk)")
     blackbox = req.get("blackbox")
     if blackbox is None:
         found.append("no blackbox (true, or why a black-box harness cannot check it)")
@@ -292,11 +292,12 @@ def _provenance_counts(requirements: list[dict[str, Any]], awaiting_case: int) -
     musts = [r for r in requirements if is_blackbox_must(r)]
     daemon = sum(1 for r in musts if "daemon" in r.get("subject", ()))
     broker = sum(1 for r in musts if "broker" in r.get("subject", ()))
+    sdk = sum(1 for r in musts if "sdk" in r.get("subject", ()))
     opaque = sum(1 for r in requirements if isinstance(r.get("blackbox"), str))
     return (
         f"{spec} spec / {errata + openapi} profile ({errata} errata, {openapi} openapi); black-box-checkable MUSTs: "
-        f"{daemon} daemon, {broker} broker; {opaque} not black-box (with reasons); {awaiting_case} black-box MUSTs "
-        "awaiting a conformance case (blackbox baseline)"
+        f"{daemon} daemon, {broker} broker, {sdk} sdk; {opaque} not black-box (with reasons); {awaiting_case} "
+        "black-box MUSTs awaiting a conformance case (blackbox baseline)"
     )
 
 

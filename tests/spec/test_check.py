@@ -207,7 +207,7 @@ def test_malformed_cite_ref_is_named(tree):
 
 def test_missing_subject_is_named(tree):
     edit_requirement(tree, "FP-JCS", lambda r: r.pop("subject"))
-    assert "requirements.yaml: FP-JCS: no subject (daemon, broker)" in run(tree).problems
+    assert "requirements.yaml: FP-JCS: no subject (daemon, broker, sdk)" in run(tree).problems
 
 
 def test_missing_or_false_blackbox_is_named(tree):
