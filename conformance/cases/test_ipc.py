@@ -319,6 +319,22 @@ def test_id_grammar_boundary(api, verdict):
                    f"a 128-character id of the grammar answered {response.status_code}: {response.text[:160]}")
 
 
+@case("ipc.id.hook_reply_reserved", "HOOK-REPLY-ID-RESERVED")
+def test_hook_reply_ids_are_reserved(api, verdict):
+    """E-50: ids beginning ``hook.`` are the daemon's hook replies (E-48); a client's send under one, in the body or
+    the header, is refused and writes no row, whether the daemon runs hooks or not."""
+    import hashlib
+
+    for where in ("body", "header"):
+        reserved = "hook." + hashlib.sha256(unique(where).encode()).hexdigest()[:40]
+        response = (post_send(api, {**BODY, "client_message_id": reserved}) if where == "body"
+                    else post_send(api, BODY, reserved))
+        verdict.expect("HOOK-REPLY-ID-RESERVED", response.status_code == 400
+                       and json_object(response).get("error") == "invalid_client_message_id",
+                       f"{reserved} in the {where} answered {response.status_code}: {response.text[:160]}")
+        verdict.expect("HOOK-REPLY-ID-RESERVED", row_for(api, reserved) is None, f"a row was written under {reserved}")
+
+
 # --- fingerprints ----------------------------------------------------------------------------------------------------
 
 VECTORS = load_json(SPEC_DIR / "vectors" / "fingerprint.json")["vectors"]

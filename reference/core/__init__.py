@@ -21,7 +21,7 @@ from .fingerprint import (
     meta_canonical,
     request_fingerprint,
 )
-from .hooks import HookRun, HookRunError, HookStep, reply_client_message_id
+from .hooks import HookRun, HookRunError, HookStep, is_hook_reply_id, reply_client_message_id
 from .hooks import apply as hook_apply
 from .hooks import enqueue as hook_enqueue
 from .ipc import IpcDecision, decide_send
@@ -86,6 +86,7 @@ __all__ = [
     "hook_enqueue",
     "is_client_message_id",
     "is_expired",
+    "is_hook_reply_id",
     "meta_canonical",
     "negotiate",
     "new_row",

@@ -44,6 +44,12 @@ TERMINAL = frozenset(name for name, state in load_table("hook_runs")["states"].i
 REPLY_ID_PREFIX = "hook."
 
 
+def is_hook_reply_id(client_message_id: str | None) -> bool:
+    """Whether ``client_message_id`` is in the space E-48 reserves for the daemon's own hook replies: a client's send
+    or requeue under such an id is refused, so no one can take a reply's id before the hook's reply is sent."""
+    return client_message_id is not None and client_message_id.startswith(REPLY_ID_PREFIX)
+
+
 class HookRunError(Exception):
     """The table calls this (state, event) impossible; the message names both and the row."""
 

@@ -21,7 +21,8 @@ from jsonschema.exceptions import best_match
 from ulid import ULID
 
 from reference.clock import rfc3339_ms as format_rfc3339_ms
-from reference.core import RequestError, SendRequest, parse_send
+from reference.core import RequestError, SendRequest, is_hook_reply_id, parse_send
+from reference.core.hooks import REPLY_ID_PREFIX
 from reference.core.limits import limit
 from spec import SPEC_VERSION, load_table, openapi, openapi_parameter, parameter_validator, schema
 
@@ -231,10 +232,14 @@ class Send:
         except RequestError as exc:
             raise Problem(exc.code, exc.detail,
                           invalid_params=[{"name": n, "reason": r} for n, r in exc.invalid_params] or None) from exc
+        if is_hook_reply_id(request.client_message_id):
+            # req: HOOK-REPLY-ID-RESERVED -- the id of a hook's reply is the daemon's to take, first
+            reason = f"ids beginning {REPLY_ID_PREFIX!r} are reserved for the daemon's hook replies (E-48)"
+            raise Problem("invalid_client_message_id", reason,
+                          invalid_params=[{"name": "client_message_id", "reason": reason}])
         if req.context.capability is not None:
             # req: HOOK-CAP-SCOPE -- the destination a hook's token may send to
-            self.guard.check_grant(req.context.capability, request.destination_kind, request.destination_ref,
-                                   request.reply_to_id)
+            self.guard.check_grant(req, request.destination_kind, request.destination_ref, request.reply_to_id)
         _check_carriable(request, self.ctx.link)
         # req: IPC-ID-MINTED-ULID, IPC-STABLE-ID
         cmid = request.client_message_id or self.ctx.mint_id()

@@ -9,7 +9,10 @@ Only ``POST /v1/send`` is ever granted: there are no read scopes.
 
 The registry also knows the process group of every running hook, token or not, so the guard can refuse a request
 that comes over the unix socket from a hook's process without presenting its token (``capability_required``): the
-socket itself takes no credential (E-27), and a hook runs as the daemon's user.
+socket itself takes no credential (E-27), and a hook runs as the daemon's user. A token is bound to its hook's process
+group: presented from any other process (another hook that read it from /proc, any local program) it is refused. A
+connection whose opening process is gone cannot be told from a hook's (a hook can connect from a child that exits
+and talk on the socket itself), so while hooks are on it is refused too.
 """
 
 from __future__ import annotations
@@ -89,6 +92,7 @@ class Capabilities:
 
     ttl_s: float = TTL_S
     clock: Callable[[], float] = time.monotonic
+    hooks_enabled: bool = False  # whether this daemon runs hooks: only then can a unix-socket peer be a hook
     on_call: Callable[[str, str], None] | None = None  # (hook, granting scope or "none") per call with a token
     _tokens: dict[str, Capability] = field(default_factory=dict)
     _groups: dict[int, int] = field(default_factory=dict)  # pgid -> running hooks in it
@@ -108,17 +112,23 @@ class Capabilities:
             if capability is not None:
                 capability.pgid = pgid
 
+    def revoke(self, capability: Capability | None) -> None:
+        """The hook's process exited: its token dies with it (what it left running is killed next)."""
+        if capability is None:
+            return
+        with self._lock:
+            # req: HOOK-CAP-REVOKED -- the token dies with the hook's process
+            capability.live = False
+            self._tokens.pop(capability.token, None)
+
     def leave(self, pgid: int | None, capability: Capability | None = None) -> None:
-        """The hook's process exited: its group is no longer a hook's, and its token is revoked."""
+        """The hook's group was killed: it is no longer a hook's (and its token, if still live, is revoked)."""
+        self.revoke(capability)
         with self._lock:
             if pgid is not None and pgid in self._groups:
                 self._groups[pgid] -= 1
                 if not self._groups[pgid]:
                     del self._groups[pgid]
-            if capability is not None:
-                # req: HOOK-CAP-REVOKED -- the token dies with the hook's process
-                capability.live = False
-                self._tokens.pop(capability.token, None)
 
     def lookup(self, presented: str) -> Capability | None:
         """The live capability ``presented`` names, or None (unknown, revoked or past its lifetime)."""
@@ -144,19 +154,27 @@ class Capabilities:
         if self.on_call is not None:
             self.on_call(capability.hook, scope or "none")
 
-    def hook_process(self, pid: int | None) -> bool:
-        """Whether process ``pid`` belongs to the process group of a running hook."""
-        if pid is None:
-            return False
-        with self._lock:
-            if not self._groups:
-                return False
+    def hook_process(self, pid: int | None) -> str | None:
+        """Why the process at the other end of a connection (``pid``, from SO_PEERCRED) may be a hook's, or None:
+        it is in the process group of a running hook, or it is gone (its connection handed to another process)."""
+        if pid is None:  # the platform does not say who connected
+            return None
         try:
             pgid = os.getpgid(pid)
-        except OSError:  # gone already
-            return False
+        except OSError:
+            # req: HOOK-CAP-REQUIRED -- a connection whose opener is gone may be a hook's, handed on
+            return "the process that opened this connection is gone, so it cannot be told from a hook's"
         with self._lock:
-            return pgid in self._groups
+            return "it is in the process group of a running hook" if pgid in self._groups else None
+
+    def bound(self, capability: Capability, pid: int | None) -> bool:
+        """Whether ``pid`` (SO_PEERCRED; None where the platform does not say) is in ``capability``'s hook group."""
+        if pid is None:
+            return True
+        try:
+            return capability.pgid is not None and os.getpgid(pid) == capability.pgid
+        except OSError:
+            return False
 
     @property
     def running(self) -> bool:

@@ -89,18 +89,20 @@ class Guard:
         if QUERY_TOKEN_NAMES & set(req.params):
             log.warning("ipc_token_in_query_string_rejected path=%s", req.path)
             raise Problem("token_in_query", "send the token in the Authorization header, never in the URL")
-        req.context.capability = None
+        req.context.capability, req.context.capability_scope = None, None
         scheme, _, presented = (req.get_header("Authorization") or "").partition(" ")
         if scheme.lower() == CAPABILITY_SCHEME.lower():
             self._check_capability(req, tcp, presented.strip())
             return
-        if not tcp and self._capabilities is not None and self._capabilities.running and \
-                self._capabilities.hook_process(peer_pid(req.env.get("gunicorn.socket"))):
-            # req: HOOK-CAP-REQUIRED -- a hook's process has its token's rights or none
-            log.warning("ipc_hook_without_capability path=%s", req.path)
-            raise Problem("capability_required", "a hook's process calls the daemon with its capability token "
-                          f"(Authorization: {CAPABILITY_SCHEME} <CLAUDEMESH_CAPABILITY_TOKEN>), and only for what "
-                          "its capability_token_scope grants")
+        caps = self._capabilities
+        if not tcp and caps is not None and caps.hooks_enabled:
+            why = caps.hook_process(peer_pid(req.env.get("gunicorn.socket")))
+            if why:
+                # req: HOOK-CAP-REQUIRED -- a hook's process has its token's rights or none
+                log.warning("ipc_hook_without_capability path=%s: %s", req.path, why)
+                raise Problem("capability_required", f"{why}: a hook's process calls the daemon with its capability "
+                              f"token (Authorization: {CAPABILITY_SCHEME} <CLAUDEMESH_CAPABILITY_TOKEN>), and only for "
+                              "what its capability_token_scope grants")
         # req: AUTH-BEARER -- every route over TCP
         if tcp and req.path not in self._public_paths:
             self._check_bearer(req.get_header("Authorization"))
@@ -131,18 +133,23 @@ class Guard:
                               "until its hook exits")
             problem.headers["WWW-Authenticate"] = f'{CAPABILITY_SCHEME} realm="meshd"'
             raise problem
+        req.context.capability = capability  # counted as it leaves (process_response), whatever the answer
+        # req: HOOK-CAP-SCOPE -- bound to its hook's process group: a token read from /proc by anyone else is refused
+        if not self._capabilities.bound(capability, peer_pid(req.env.get("gunicorn.socket"))):
+            raise Problem("capability_denied", f"the token of hook {capability.hook} is bound to its hook's process "
+                          "group, and this connection is not from it")
         # req: HOOK-CAP-SCOPE -- no read scopes: a token can only ever send
         if (req.method, req.path) != ("POST", "/v1/send"):
-            self._capabilities.called(capability, None)
             raise Problem("capability_denied", f"a capability token grants POST /v1/send only, not {req.method} "
                           f"{req.path[:200]}")
-        req.context.capability = capability
 
-    def check_grant(self, capability, kind: str, ref: str, reply_to_id: str) -> None:
-        """403 unless ``capability`` grants a send to ``(kind, ref)`` answering ``reply_to_id``; counts the call."""
+    def check_grant(self, req: falcon.Request, kind: str, ref: str, reply_to_id: str) -> None:
+        """403 unless the request's capability grants a send to ``(kind, ref)`` answering ``reply_to_id``."""
+        capability = req.context.capability
         grant = capability.grant_for(kind, ref, reply_to_id)
-        self._capabilities.called(capability, None if grant is None else grant.scope)
-        if grant is None:
+        if grant is not None:
+            req.context.capability_scope = grant.scope
+        else:
             # req: HOOK-CAP-SCOPE -- bound to the message that fired the hook
             scopes = ", ".join(sorted({g.scope for g in capability.grants})) or "none for this message"
             raise Problem("capability_denied", f"the token of hook {capability.hook} does not grant a send to "
@@ -176,6 +183,10 @@ class Guard:
     def process_response(self, req: falcon.Request, resp: falcon.Response, resource, req_succeeded: bool) -> None:
         # An event stream has already released its slot (it counts against max_streams instead); release is idempotent.
         self.release(req)
+        capability = getattr(req.context, "capability", None)
+        if capability is not None:
+            # E-50: every request made with a live token, by the scope that granted it or none (refused at any step)
+            self._capabilities.called(capability, req.context.capability_scope)
 
     @property
     def inflight(self) -> int:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -32,6 +33,7 @@ from typing import Any
 import spec
 from reference.core import RequestError, reply_client_message_id
 from reference.core.limits import limit
+from reference.core.request import parse_json_object
 
 from .capabilities import Capabilities, bind_scopes
 from .config import ConfigError
@@ -93,6 +95,9 @@ def load_hooks(folder: Path, default_timeout_s: float) -> list[Hook]:
         if name in NOT_RUN:
             raise HooksConfigError(f"{path}: [{name}]: this daemon runs on-message, on-dm and on-topic-<name> hooks; "
                                    f"{name} is not run")
+        for key, value in (entry.items() if isinstance(entry, dict) else ()):
+            if isinstance(value, float) and not math.isfinite(value):  # TOML has nan; a schema's bounds pass it
+                raise HooksConfigError(f"{path}: [{name}.{key}]: {value} is not a finite number")
         refused = sorted(set(entry) & set(NOT_ENFORCED)) if isinstance(entry, dict) else []
         if isinstance(entry, dict) and entry.get("network_policy") == "allowlist":
             refused.append("network_policy = \"allowlist\"")
@@ -135,7 +140,11 @@ def _command(folder: Path, name: str, given: str | None, path: Path) -> Path:
         raise HooksConfigError(f"{path}: [{name}.command]: holds a NUL character")
     candidates = [folder / given] if given else [folder / name, folder / f"{name}.sh"]
     for candidate in candidates:
-        if candidate.is_file():
+        try:
+            found = candidate.is_file()
+        except OSError as exc:  # a name too long for the file system, a loop of links
+            raise HooksConfigError(f"{path}: [{name}.command]: {candidate}: {exc.strerror or exc}") from exc
+        if found:
             if not os.access(candidate, os.X_OK):
                 raise HooksConfigError(f"{path}: [{name}]: {candidate} is not executable")
             return candidate.resolve()
@@ -302,8 +311,13 @@ def hook_environment(mesh: str, hook: str, event_id: str, socket_path: str,
     return env
 
 
-#: how a hook is started in a network namespace of its own, tried in order (``network_namespace``)
-NAMESPACE_COMMANDS = (("unshare", "--net", "--"), ("unshare", "--user", "--map-root-user", "--net", "--"))
+#: how a hook is started in a network namespace of its own, tried in order (``network_namespace``): in a user
+#: namespace too, so the hook holds no capability over the daemon's network namespace (a root hook in a bare
+#: ``unshare --net`` keeps CAP_SYS_ADMIN and could ``nsenter`` back); else, as root, a bare one with every capability
+#: dropped from the bounding set (``setpriv``). Never a bare ``unshare --net`` with the capabilities kept.
+NAMESPACE_COMMANDS = (("unshare", "--user", "--map-root-user", "--net", "--"),
+                      ("unshare", "--net", "--", "setpriv", "--bounding-set=-all", "--inh-caps=-all",
+                       "--ambient-caps=-all", "--"))
 
 
 def network_namespace() -> tuple[list[str] | None, str]:
@@ -360,10 +374,12 @@ def sandbox_prefix(hook: Hook, rlimits: tuple[list[str] | None, str],
 
 def run_hook(hook: Hook, folder: Path, env: dict[str, str], stdin: bytes, kill_grace_s: float,
              spawned: Callable[[subprocess.Popen], None] = lambda process: None,
-             prefix: list[str] | None = None) -> HookProcess:
+             prefix: list[str] | None = None,
+             exited: Callable[[subprocess.Popen], None] = lambda process: None) -> HookProcess:
     """Run ``hook``'s executable once in a process group of its own, with ``stdin`` and ``env`` (behind ``prefix``,
-    the network namespace's command, when given); on timeout SIGTERM to the group and SIGKILL ``kill_grace_s``
-    later; after any exit the group is killed. ``spawned`` is called with the process as soon as it runs."""
+    the sandbox's commands, when given); on timeout SIGTERM to the group and SIGKILL ``kill_grace_s`` later; after
+    any exit the group is killed. ``spawned`` is called with the process as soon as it runs, ``exited`` as soon as
+    it has exited (before its group is killed and its output read to the end); the duration ends there too."""
     started = time.monotonic()
     if not (hook.command.is_file() and os.access(hook.command, os.X_OK)):  # also when behind unshare
         return HookProcess("exit_error", None, 0, b"", b"", 0, 0, error=f"{hook.command}: gone or not executable")
@@ -387,6 +403,8 @@ def run_hook(hook: Hook, folder: Path, env: dict[str, str], stdin: bytes, kill_g
             process.wait(kill_grace_s)
         except subprocess.TimeoutExpired:
             signalled = "SIGKILL"
+    ended = time.monotonic()
+    exited(process)
     kill_group(process.pid, None)  # what the hook left running in its group goes with it
     process.wait()
     for reader in (stdout, stderr):
@@ -394,7 +412,7 @@ def run_hook(hook: Hook, folder: Path, env: dict[str, str], stdin: bytes, kill_g
     if event == "exit_ok" and process.returncode != 0:
         # req: HOOK-NONZERO-NOT-RETRIED -- failed: a finished run never runs again
         event = "exit_error"
-    return HookProcess(event, process.returncode, int((time.monotonic() - started) * 1000), bytes(stdout.kept),
+    return HookProcess(event, process.returncode, int((ended - started) * 1000), bytes(stdout.kept),
                        bytes(stderr.kept), stdout.total, stderr.total, signalled)
 
 
@@ -406,15 +424,21 @@ def parse_reply(done: HookProcess) -> str | dict[str, str] | None:
     if done.stdout_bytes > len(done.stdout):
         return {"refused": "stdout_truncated"}
     try:
-        # req: HOOK-REPLY-CONTRACT -- a JSON object with a non-empty string reply, and allow_reply
-        document = json.loads(text)
-    except ValueError:
-        return {"refused": "stdout_not_json"}
-    if not isinstance(document, dict) or "reply" not in document:
+        # req: HOOK-REPLY-CONTRACT -- a JSON object with a non-empty string reply, and allow_reply; read as strictly
+        # and within the same JSON limits (E-40) as an IPC body: a hook may echo what any sender wrote
+        document = parse_json_object(text)
+    except RequestError as exc:
+        return {"refused": {"invalid_json": "stdout_not_json", "limit_exceeded": "stdout_past_json_limits",
+                            "invalid_request": "no_reply_member"}.get(exc.code, "stdout_not_json")}
+    if "reply" not in document:
         return {"refused": "no_reply_member"}
     reply = document["reply"]
     if not isinstance(reply, str) or not reply:
         return {"refused": "reply_not_a_string"}
+    try:
+        reply.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate (a \ud800 escape) is no text a message can carry
+        return {"refused": "reply_not_unicode"}
     return reply
 
 
@@ -448,7 +472,7 @@ class HookRunner:
         self.inbox_row, self.submit_reply, self.clock_ms = inbox_row, submit_reply, clock_ms
         self.concurrency, self.on_finish, self.on_unenforceable = concurrency, on_finish, on_unenforceable
         self.publish = publish
-        self.capabilities = capabilities if capabilities is not None else Capabilities()
+        self.capabilities = capabilities if capabilities is not None else Capabilities(hooks_enabled=True)
         # req: HOOK-NETWORK-BEST-EFFORT -- probed once: a fresh network namespace where this machine allows one
         self.network = network if network is not None else network_namespace()
         if self.network[0] is None and any(hook.network_policy == "deny" for hook in hooks):
@@ -507,6 +531,10 @@ class HookRunner:
                 kill_group(run.pgid, run.pgid_started)
             log.warning("hook_claim_reset hook=%s run=%d claims=%d now=%s", run.hook, run.id, run.claims,
                         step.run.state)
+            if step.run.state != "pending":  # its last claim lost: finished (failed), audited and counted like any
+                after = self.runs.get(run.id)
+                if after is not None:
+                    self._finished(after, {})
         if reset:
             self.notify()
 
@@ -572,7 +600,8 @@ class HookRunner:
                                        None if capability is None else capability.token)
         try:
             done = run_hook(hook, self.folder, environment, event_document(row, hook.name, self.stdin_limit),
-                            self.kill_grace_s, spawned, prefix)
+                            self.kill_grace_s, spawned, prefix,
+                            exited=lambda _process: self.capabilities.revoke(capability))
         finally:
             self.capabilities.leave(group[0] if group else None, capability)
         result = done.result()
@@ -596,7 +625,11 @@ class HookRunner:
         if finished is None:
             log.warning("hook_run_lost run=%d hook=%s: its claim was reset while it ran", run.id, run.hook)
             return
-        after, _ = finished
+        self._finished(finished[0], result)
+
+    def _finished(self, after: StoredRun, result: dict[str, Any]) -> None:
+        """A run reached its final state: its audit line, its hook_executed event (when its process ran), the
+        metric."""
         level = logging.INFO if after.state == "done" else logging.WARNING
         log.log(level, "hook_audit %s", json.dumps(audit_record(after), separators=(",", ":")))
         if self.publish is not None and result.get("exit") is not None and after.message_event is not None:

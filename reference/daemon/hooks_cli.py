@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -113,9 +114,14 @@ def cmd_hooks_test(args: argparse.Namespace, state_dir: Path) -> int:
     prefix, weakened = sandbox_prefix(hook, resource_limits(), network_namespace())
     if weakened:
         err.print(f"meshd: not enforced here ({', '.join(weakened)}): the hook runs without that part of its sandbox")
-    done = run_hook(hook, folder, hook_environment(config["daemon"]["mesh"], hook.name, event_id,
-                                                   str(StateDir(state_dir).socket)),
-                    raw, float(limit("hook_kill_grace_s")), prefix=prefix)
+    # A test run sends nothing: the socket the hook is given leads to no daemon (not the running one's, where the
+    # hook would call with no token and, not being a run the daemon started, unchecked), and its token is none.
+    with tempfile.TemporaryDirectory(prefix="meshd-hooks-test-") as nowhere:
+        socket_path = str(Path(nowhere) / "no-daemon.sock")
+        token = "meshd-hooks-test-grants-nothing" if hook.scopes else None
+        done = run_hook(hook, folder, hook_environment(config["daemon"]["mesh"], hook.name, event_id, socket_path,
+                                                       token),
+                        raw, float(limit("hook_kill_grace_s")), prefix=prefix)
     result: dict[str, Any] = {"hook": hook.name, **done.result(),
                               "stdout": done.stdout.decode("utf-8", "replace")}
     if done.event == "exit_ok":

@@ -283,7 +283,8 @@ class Runtime:
         self.link.state.quarantined = self.inbox.quarantine_count()
         self.committer = parts.committer(self.outbox.accept_batch, float(config["outbox"]["group_commit_ms"]) / 1000)
         # E-50: the running hooks' capability tokens and process groups, shared by the runner and the IPC guard
-        self.capabilities = Capabilities(on_call=self.metrics.capability_call)
+        self.capabilities = Capabilities(on_call=self.metrics.capability_call,
+                                         hooks_enabled=bool(config["hooks"]["enabled"]))
         self.ctx = DaemonContext(config=config.values, token=self.token, outbox=self.outbox, inbox=self.inbox,
                                  link=self.link, events=self.bus, committer=self.committer, metrics=self.metrics,
                                  member_pubkey=self.keypair.public_hex, clock=self.clock,
@@ -366,10 +367,14 @@ class Runtime:
 def requeue(outbox: OutboxStore, outbox_id: str, new_client_message_id: str | None, actor: str,
             wake: Callable[[], None] = lambda: None, clock: WallClock | None = None) -> dict[str, Any]:
     """Shared by POST /v1/outbox/requeue and `meshd outbox requeue`; raises Problem on refusal."""
-    from reference.core import is_client_message_id
+    from reference.core import is_client_message_id, is_hook_reply_id
 
     if new_client_message_id is not None and not is_client_message_id(new_client_message_id):
         raise Problem("invalid_client_message_id", "new_client_message_id does not match the id grammar")
+    # req: HOOK-REPLY-ID-RESERVED -- nor may a requeue take a hook reply's id
+    if is_hook_reply_id(new_client_message_id):
+        raise Problem("invalid_client_message_id", "new_client_message_id: ids beginning 'hook.' are reserved for the "
+                      "daemon's hook replies (E-48)")
     # req: REQUEUE-FRESH-ID
     cmid = new_client_message_id or str(ULID())
     successor_id = str(ULID())

@@ -22,41 +22,73 @@ SENDER = "cd" * 32
 OTHER = "ef" * 32
 BROKER_ID = "01J9ZZZZZZZZZZZZZZZZZZZZZZ"
 
-#: a hook that records what it sees and what its own token-less calls get, then waits to be released
+#: a hook that records what it sees and what its own token-less calls get, then makes the calls of the plan the test
+#: writes for it (with its token, none, or another's; one over a connection a child opened and left), records the
+#: answers, and waits to be released
 PROBE = textwrap.dedent("""\
     #!{python}
     import http.client, json, os, socket, sys, time
 
     class Unix(http.client.HTTPConnection):
-        def __init__(self, path):
+        def __init__(self, path, sock=None):
             super().__init__("localhost", timeout=10)
-            self.unix_path = path
+            self.unix_path, self.handed = path, sock
 
         def connect(self):
+            if self.handed is not None:
+                self.sock = self.handed
+                return
             self.sock = socket.socket(socket.AF_UNIX)
             self.sock.connect(self.unix_path)
 
-    def call(method, path):
-        conn = Unix(os.environ["CLAUDEMESH_DAEMON_SOCK"])
-        conn.request(method, path)
+    def handed_over():
+        # a child opens the connection and exits; this process talks on it
+        sock = socket.socket(socket.AF_UNIX)
+        child = os.fork()
+        if child == 0:
+            sock.connect(os.environ["CLAUDEMESH_DAEMON_SOCK"])
+            os._exit(0)
+        os.waitpid(child, 0)
+        return sock
+
+    def call(method, path, body=None, token=None, handoff=False):
+        conn = Unix(os.environ["CLAUDEMESH_DAEMON_SOCK"], handed_over() if handoff else None)
+        headers = {{"Content-Type": "application/json"}} if body is not None else {{}}
+        if token:
+            headers["Authorization"] = "ClaudeMesh-Capability " + token
+        conn.request(method, path, body=None if body is None else json.dumps(body), headers=headers)
         answer = conn.getresponse()
         return [answer.status, json.loads(answer.read() or b"{{}}").get("error")]
 
+    def wait(path):
+        deadline = time.monotonic() + 60
+        while not os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return os.path.exists(path)
+
+    def write(path, document):
+        with open(path + ".tmp", "w") as out:
+            json.dump(document, out)
+        os.rename(path + ".tmp", path)
+
     folder = {folder!r}
     name = os.environ["CLAUDEMESH_HOOK_NAME"]
+    own = os.environ.get("CLAUDEMESH_CAPABILITY_TOKEN")
     record = {{"env": dict(os.environ), "event": json.load(sys.stdin), "no_token": call("GET", "/v1/version")}}
     child = os.fork()
     if child == 0:  # a child in the hook's process group is the hook too
-        with open(os.path.join(folder, name + ".child"), "w") as out:
-            json.dump(call("GET", "/v1/inbox"), out)
+        write(os.path.join(folder, name + ".child"), call("GET", "/v1/inbox"))
         os._exit(0)
     os.waitpid(child, 0)
-    with open(os.path.join(folder, name + ".json.tmp"), "w") as out:
-        json.dump(record, out)
-    os.rename(os.path.join(folder, name + ".json.tmp"), os.path.join(folder, name + ".json"))
-    deadline = time.monotonic() + 60
-    while not os.path.exists(os.path.join(folder, "release")) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    write(os.path.join(folder, name + ".json"), record)
+    plan = os.path.join(folder, name + ".plan.json")
+    if wait(plan):
+        results = []
+        for step in json.load(open(plan)):
+            token = own if step.get("auth", "own") == "own" else step.get("token")
+            results.append(call(step["method"], step["path"], step.get("body"), token, step.get("handoff", False)))
+        write(os.path.join(folder, name + ".results.json"), results)
+    wait(os.path.join(folder, "release"))
     """)
 
 HOOKS_TOML = """\
@@ -113,11 +145,21 @@ def hooked(broker, make_daemon):
     return daemon, folder
 
 
-def send(client, token: str, to: str, reply_to_id: str | None = None):
+def send(to: str, reply_to_id: str | None = None, **step) -> dict:
+    """A plan step: POST /v1/send to ``to`` (answering ``reply_to_id``)."""
     body = {"to": to, "message": "from a hook"}
     if reply_to_id is not None:
         body["reply_to_id"] = reply_to_id
-    return client.post("/v1/send", json=body, headers={"Authorization": f"ClaudeMesh-Capability {token}"})
+    return {"method": "POST", "path": "/v1/send", "body": body, **step}
+
+
+def plan(folder: Path, hook: str, steps: list[dict]) -> list[list]:
+    """Have ``hook`` make ``steps`` itself; its answers, [status, error] each."""
+    (folder / f"{hook}.plan.json").write_text(json.dumps(steps))
+    return json.loads(wait_file(folder / f"{hook}.results.json").read_text())
+
+
+DENIED, INVALID = [403, "capability_denied"], [401, "capability_invalid"]
 
 
 def test_a_live_token_is_held_to_its_scope_route_by_route_and_dies_with_its_hook(broker, hooked):
@@ -127,51 +169,67 @@ def test_a_live_token_is_held_to_its_scope_route_by_route_and_dies_with_its_hook
     message = json.loads(wait_file(folder / "on-message.json").read_text())
     token, reply_only = alerts["env"]["CLAUDEMESH_CAPABILITY_TOKEN"], message["env"]["CLAUDEMESH_CAPABILITY_TOKEN"]
     assert token != reply_only
-    header = {"Authorization": f"ClaudeMesh-Capability {token}"}
+    others = [(method, path) for method, path in routes() if (method, path) != ("POST", "/v1/send")]
+    answers = plan(folder, "on-topic-alerts", [
+        *[{"method": method, "path": path} for method, path in others],
+        # the destinations the scopes bind: the topic that fired, the sender (two spellings)
+        send("#alerts"), send(f"dm:{SENDER}"), send(SENDER.upper()),
+        send("#incidents"), send(f"dm:{OTHER}"), send("queue:jobs"),
+        send("@group"),  # refused by validation (400): still a call made with the token
+        # req: HOOK-CAP-SCOPE -- bound to its group: the other hook's token is refused here, even within its scope
+        send("#alerts", BROKER_ID, auth="other", token=reply_only),
+        # req: HOOK-CAP-REVOKED -- a token this daemon never minted
+        send("#alerts", auth="other", token="x" * 43),
+    ])
+    # req: HOOK-CAP-SCOPE -- every route but POST /v1/send is refused, known or not
+    assert answers[:len(others)] == [DENIED] * len(others), list(zip(others, answers, strict=False))
+    sends = answers[len(others):]
+    assert sends == [[202, None], [202, None], [202, None], DENIED, DENIED, DENIED,
+                     [400, "destination_unresolvable"], DENIED, INVALID]
+    answers = plan(folder, "on-message", [
+        send("#alerts", BROKER_ID),  # reply:event
+        send("#alerts"), send("#alerts", "01J9YYYYYYYYYYYYYYYYYYYYYY"), send(f"dm:{SENDER}"),
+        # a connection a child opened and left: its opener is gone, so the daemon cannot tell who talks on it
+        {"method": "GET", "path": "/v1/inbox", "auth": "none", "handoff": True},
+        send("#alerts", BROKER_ID, handoff=True),
+    ])
+    assert answers == [[202, None], DENIED, DENIED, DENIED, [403, "capability_required"], DENIED]
     with daemon.unix() as client:
-        # req: HOOK-CAP-SCOPE -- every route but POST /v1/send is refused, known or not
-        for method, path in routes():
-            if (method, path) == ("POST", "/v1/send"):
-                continue
-            answer = client.request(method, path, headers=header)
-            assert (answer.status_code, answer.json()["error"]) == (403, "capability_denied"), (method, path)
-            assert answer.headers["content-type"].startswith("application/problem+json")
-        # the destinations the scopes bind: the topic that fired, the sender, the message answered
-        assert send(client, token, "#alerts").status_code == 202  # topic:alerts:post
-        assert send(client, token, f"dm:{SENDER}").status_code == 202  # dm:send:<sender_pubkey>
-        assert send(client, token, SENDER.upper()).status_code == 202  # the same key, another spelling
-        assert send(client, reply_only, "#alerts", BROKER_ID).status_code == 202  # reply:event
-        refused = [send(client, token, "#incidents"), send(client, token, f"dm:{OTHER}"),
-                   send(client, token, "queue:jobs"), send(client, reply_only, "#alerts"),
-                   send(client, reply_only, "#alerts", "01J9YYYYYYYYYYYYYYYYYYYYYY"),
-                   send(client, reply_only, f"dm:{SENDER}")]
-        assert [(a.status_code, a.json()["error"]) for a in refused] == [(403, "capability_denied")] * 6
-        # a refused send consumes nothing: the same id is still free for the daemon's own client
+        # a token presented by a process outside its hook's group (this test) is refused, in scope or not
+        bound = client.post("/v1/send", json={"to": "#alerts", "message": "m"},
+                            headers={"Authorization": f"ClaudeMesh-Capability {token}"})
+        assert (bound.status_code, bound.json()["error"]) == (403, "capability_denied")
+        assert "process group" in bound.json()["detail"]
+        # a refused send consumes nothing: the id is still free
         assert client.post("/v1/send", json={"to": "#incidents", "message": "m", "client_message_id": "cap-free"}
                            ).status_code == 202
-        # req: HOOK-CAP-REVOKED -- a token this daemon never minted
-        forged = send(client, "x" * 43, "#alerts")
+        forged = client.post("/v1/send", json={"to": "#alerts", "message": "m"},
+                             headers={"Authorization": "ClaudeMesh-Capability " + "y" * 43})
         assert (forged.status_code, forged.json()["error"]) == (401, "capability_invalid")
         assert forged.headers["www-authenticate"].startswith("ClaudeMesh-Capability")
         # the unix socket is unchanged for a process that is not a hook
         assert client.get("/v1/version").status_code == 200
     # req: HOOK-CAP-LOCAL -- never over TCP, whatever the token
     with daemon.tcp() as tcp:
-        answer = tcp.get("/v1/version", headers=header)
+        answer = tcp.get("/v1/version", headers={"Authorization": f"ClaudeMesh-Capability {token}"})
         assert (answer.status_code, answer.json()["error"]) == (403, "capability_denied")
     (folder / "release").write_text("")
     audit = audit_lines(daemon, 2)
     with daemon.unix() as client:
-        for dead in (send(client, token, "#alerts"), send(client, reply_only, "#alerts", BROKER_ID)):
-            assert (dead.status_code, dead.json()["error"]) == (401, "capability_invalid")
+        for dead in (token, reply_only):
+            answer = client.post("/v1/send", json={"to": "#alerts", "message": "m"},
+                                 headers={"Authorization": f"ClaudeMesh-Capability {dead}"})
+            assert (answer.status_code, answer.json()["error"]) == (401, "capability_invalid")
         metrics = client.get("/v1/metrics").text
     assert 'cm_daemon_hook_capability_calls_total{hook="on-topic-alerts",scope="topic:alerts:post"} 1.0' in metrics
     assert 'cm_daemon_hook_capability_calls_total{hook="on-topic-alerts",scope="dm:send:<sender_pubkey>"} 2.0' \
         in metrics
     assert 'cm_daemon_hook_capability_calls_total{hook="on-message",scope="reply:event"} 1.0' in metrics
+    # every request made with a live token is counted, the 400 and the ones refused anywhere included: on-topic-alerts'
+    # own 12 routes and 7 sends, the outside and TCP ones aside (TCP never looks a token up); on-message's token was
+    # presented by on-topic-alerts once and by this test once
     calls = {record["hook"]: record["capability_calls"] for record in audit}
-    routes_refused = len(routes()) - 1
-    assert calls == {"on-topic-alerts": 3 + routes_refused + 3, "on-message": 1 + 3}
+    assert calls == {"on-topic-alerts": len(others) + 7 + 1, "on-message": 1 + 3 + 1 + 1}
 
 
 def test_a_hooks_own_process_without_its_token_is_refused_everywhere(broker, hooked):
@@ -243,3 +301,21 @@ def test_hooks_toml_takes_the_three_scopes(tmp_path):
     (tmp_path / "hooks.toml").write_text(
         '[on-topic-a]\ncapability_token_scope = ["reply:event", "dm:send:<sender_pubkey>", "topic:a:post"]\n')
     assert load_hooks(tmp_path, 30.0)[0].scopes == ("reply:event", "dm:send:<sender_pubkey>", "topic:a:post")
+
+
+def test_hook_reply_ids_are_reserved_to_the_daemon(broker, daemon):
+    """E-50: no client takes a hook reply's id first -- not in the body, not in the header, not as a requeue's."""
+    from reference.core import reply_client_message_id
+
+    reserved = reply_client_message_id("in-1", "on-message")
+    with daemon.unix() as client:
+        for answer in (client.post("/v1/send", json={"to": "#t", "message": "m", "client_message_id": reserved}),
+                       client.post("/v1/send", json={"to": "#t", "message": "m"},
+                                   headers={"Idempotency-Key": reserved})):
+            assert (answer.status_code, answer.json()["error"]) == (400, "invalid_client_message_id")
+        sent = client.post("/v1/send", json={"to": "#t", "message": "m"}).json()
+        row = client.get("/v1/outbox").json()["items"][0]
+        requeued = client.post("/v1/outbox/requeue", json={"id": row["id"], "new_client_message_id": reserved})
+        assert (requeued.status_code, requeued.json()["error"]) == (400, "invalid_client_message_id")
+        assert [i["client_message_id"] for i in client.get("/v1/outbox").json()["items"]] == \
+            [sent["client_message_id"]]

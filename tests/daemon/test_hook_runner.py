@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -705,3 +706,114 @@ def test_a_finished_run_publishes_hook_executed(rig):
     rig.wait_finished(3)
     time.sleep(0.3)
     assert len(published) == 2
+
+
+# --- what a hostile pass found (#13): each a class, not the one case ---------------------------------------------
+@pytest.mark.parametrize(("stdout", "refused"), [
+    ("[" * 40 + "]" * 40, "stdout_past_json_limits"),  # deeper than the IPC JSON limit: the same limit here
+    ("[" * 32000 + "]" * 32000, "stdout_past_json_limits"),  # deep enough to break a recursive parser
+    ('{"reply": "a", "reply": "b"}', "stdout_not_json"),  # duplicate keys, refused as at the IPC boundary
+    ('{"reply": "\\ud800"}', "reply_not_unicode"),  # a lone surrogate is no text a message can carry
+    ('{"reply": 1e999}', "reply_not_a_string"),
+    ("[1, 2]", "no_reply_member"),
+])
+def test_a_reply_the_daemon_cannot_take_is_refused_once_with_its_reason(rig, stdout, refused):
+    (rig.folder / "out.txt").write_text(stdout)
+    script(rig.folder, "on-message", f"cat {rig.folder}/out.txt\necho ran >> {rig.folder}/ran\n")
+    toml(rig.folder, "[on-message]\nallow_reply = true\n")
+    rig.start()
+    rig.deliver(message(1))
+    run = rig.wait_finished(1)[0]
+    time.sleep(0.3)
+    assert (run.state, run.claims, run.result["reply"]) == ("done", 1, {"refused": refused})
+    assert (rig.folder / "ran").read_text() == "ran\n"  # run once: a refusal is not a crash
+
+
+def test_a_run_whose_last_claim_is_lost_is_audited_and_counted(rig, caplog):
+    script(rig.folder, "on-message", "true\n")
+    toml(rig.folder, "[on-message]\n")
+    rig.deliver(message(1))
+    run = rig.runs.list()[0]
+    with rig.inbox._transaction() as conn:  # claimed max_claims times already, by a process that is gone
+        conn.execute("UPDATE hook_runs SET state = 'claimed', claim_owner = 'gone-1', claims = 3, lease_until = 1"
+                     " WHERE id = ?", (run.id,))
+    with caplog.at_level("INFO", logger="meshd.hooks"):
+        rig.start()
+        finished = rig.wait_finished(1)
+    assert finished[0].state == "failed" and [r.state for r in rig.finished] == ["failed"]
+    audit = [json.loads(r.getMessage().split("hook_audit ", 1)[1]) for r in caplog.records
+             if r.getMessage().startswith("hook_audit ")]
+    assert [(a["hook"], a["state"], a["claims"]) for a in audit] == [("on-message", "failed", 3)]
+
+
+def test_the_token_dies_when_the_hook_exits_though_a_child_that_left_holds_its_output(rig):
+    """E-50: revoked at the hook's exit, not when its output is read to the end (a setsid'd child holds the pipe);
+    and the run's duration is the hook's."""
+    script(rig.folder, "on-message", """
+        setsid sh -c 'sleep 4' &
+        exit 0
+        """)
+    toml(rig.folder, '[on-message]\ncapability_token_scope = ["reply:event"]\n')
+    runner = rig.start()
+    minted = []
+    original = runner.capabilities.mint
+
+    def spy(*args):
+        minted.append(original(*args))
+        return minted[-1]
+
+    runner.capabilities.mint = spy
+    rig.deliver(message(1))
+    deadline = time.monotonic() + 10
+    while not minted and time.monotonic() < deadline:
+        time.sleep(0.01)
+    while minted[0].live and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not minted[0].live and runner.capabilities.lookup(minted[0].token) is None
+    run = rig.wait_finished(1, timeout=15)[0]
+    assert run.result["duration_ms"] < 2000
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or h.network_namespace()[0] is None,
+                    reason="the escape needs a root daemon on a machine that makes network namespaces")
+def test_a_root_hook_cannot_enter_the_daemons_network_namespace_again(rig):
+    script(rig.folder, "on-message", f"""
+        nsenter --net=/proc/{os.getpid()}/ns/net true && echo escaped > {rig.folder}/result \\
+            || echo blocked > {rig.folder}/result
+        """)
+    toml(rig.folder, "[on-message]\n")  # network_policy deny, the default
+    rig.start()
+    rig.deliver(message(1))
+    rig.wait_finished(1)
+    assert (rig.folder / "result").read_text() == "blocked\n"
+
+
+@pytest.mark.parametrize(("text", "wanted"), [
+    ("[on-message]\ntimeout_s = nan\n", "[on-message.timeout_s]: nan is not a finite number"),
+    ("[on-message]\ntimeout_s = -nan\n", "is not a finite number"),
+    (f'[on-message]\ncommand = "{"x" * 300}"\n', "[on-message.command]:"),
+])
+def test_hooks_toml_values_a_schema_lets_through_are_refused_by_name(tmp_path, text, wanted):
+    script(tmp_path, "on-message", "true\n")
+    toml(tmp_path, text)
+    with pytest.raises(h.HooksConfigError, match=re.escape(wanted)):
+        h.load_hooks(tmp_path, 30.0)
+
+
+def test_meshd_hooks_test_gives_the_hook_no_daemon_and_a_token_that_grants_nothing(tmp_path, capsys):
+    from reference.cli import main
+
+    state = tmp_path / "state"
+    (state / "hooks").mkdir(parents=True)
+    (state / "config.toml").write_text("[hooks]\nenabled = true\n")
+    (state / "daemon.sock").write_text("")  # where a running daemon's socket would be
+    script(state / "hooks", "on-dm", f"env > {tmp_path}/env\n")
+    toml(state / "hooks", '[on-dm]\ncapability_token_scope = ["reply:event"]\n')
+    event = tmp_path / "event.json"
+    event.write_text(json.dumps({"event": "message", "message": {"client_message_id": "cm-1", "topic": None,
+                                                                 "sender_pubkey": SENDER, "body": "hi"}}))
+    assert main(["hooks", "test", "on-dm", "--event", str(event), "--state-dir", str(state)]) == 0
+    env = dict(line.split("=", 1) for line in (tmp_path / "env").read_text().splitlines() if "=" in line)
+    assert env["CLAUDEMESH_DAEMON_SOCK"] != str(state / "daemon.sock")
+    assert not Path(env["CLAUDEMESH_DAEMON_SOCK"]).exists()
+    assert env["CLAUDEMESH_CAPABILITY_TOKEN"] == "meshd-hooks-test-grants-nothing"
