@@ -2,8 +2,9 @@
 
 One file per node (`<dir>/<source>-<node>.jsonl`). ``seq`` is strictly increasing per node and continues across
 restarts (the writer resumes after the last line of an existing file), so a node's events are totally ordered even
-when the process crashed in between. Lines are flushed as written; tracing is observability, not durability, so
-there is no fsync.
+when the process crashed in between. Each line is one ``write`` to a descriptor opened with O_APPEND, never split by a
+buffer, so a process killed between two events leaves no torn line and processes appending to one file never
+interleave inside a line; tracing is observability, not durability, so there is no fsync.
 """
 
 from __future__ import annotations
@@ -48,15 +49,20 @@ class TraceWriter:
         self._check = check
         self._lock = threading.Lock()
         self._seq = _last_seq(self.path)
-        self._handle = self.path.open("a", encoding="utf-8")
-        if self._handle.tell() > 0:
+        self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        if os.fstat(self._fd).st_size > 0:
             self._terminate_partial_line()
 
     def _terminate_partial_line(self) -> None:
         with self.path.open("rb") as handle:
             handle.seek(-1, os.SEEK_END)
             if handle.read(1) != b"\n":
-                self._handle.write("\n")
+                self._write(b"\n")
+
+    def _write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:  # a regular file takes it in one write; a short one (a full disk, a signal) goes on
+            view = view[os.write(self._fd, view):]
 
     def emit(self, kind: str, **members: Any) -> dict[str, Any]:
         """Write one event of ``kind``; returns it."""
@@ -66,13 +72,14 @@ class TraceWriter:
                      "ts_ms": int(self._clock() * 1000), "kind": kind, **members}
             if self._check is not None:
                 self._check(event)
-            self._handle.write(json.dumps(event, separators=(",", ":"), ensure_ascii=False) + "\n")
-            self._handle.flush()
+            self._write((json.dumps(event, separators=(",", ":"), ensure_ascii=False) + "\n").encode("utf-8"))
             return event
 
     def close(self) -> None:
         with self._lock:
-            self._handle.close()
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
 
 
 def schema_check(event: dict[str, Any]) -> None:

@@ -8,13 +8,17 @@ A send is retried only under the key it was first sent with, so a retry can neve
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import http.client
 import json
+import math
 import os
 import random
+import re
 import secrets
 import socket
+import threading
 import time
 import urllib.parse
 from collections.abc import Iterator
@@ -31,13 +35,19 @@ CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 
 
 class MeshError(Exception):
-    """The daemon answered with a problem (RFC 9457), or could not be reached. ``problem`` is the body as sent."""
+    """The daemon answered with a problem (RFC 9457), answered something that is not /v1, or could not be reached.
 
-    def __init__(self, message: str, status: int | None = None, problem: dict[str, Any] | None = None):
+    ``problem`` is the problem body as sent; ``client_message_id`` is the key of the send it ended (a key the SDK
+    minted included), so a caller can retry that send under it later: the daemon may have stored it.
+    """
+
+    def __init__(self, message: str, status: int | None = None, problem: dict[str, Any] | None = None,
+                 client_message_id: str | None = None):
         super().__init__(message)
         self.status = status
         self.problem = problem or {}
         self.code: str | None = self.problem.get("error")
+        self.client_message_id = client_message_id or self.problem.get("client_message_id")
 
 
 class Conflict(MeshError):
@@ -47,17 +57,13 @@ class Conflict(MeshError):
     def conflict(self) -> str | None:
         return self.problem.get("conflict")
 
-    @property
-    def client_message_id(self) -> str | None:
-        return self.problem.get("client_message_id")
-
 
 class Unavailable(MeshError):
     """The daemon stayed busy, draining or unreachable past the call's deadline; ``retry_after`` is its last hint."""
 
     def __init__(self, message: str, status: int | None = None, problem: dict[str, Any] | None = None,
-                 retry_after: float | None = None):
-        super().__init__(message, status, problem)
+                 retry_after: float | None = None, client_message_id: str | None = None):
+        super().__init__(message, status, problem, client_message_id)
         self.retry_after = retry_after
 
 
@@ -108,9 +114,18 @@ class Endpoint:
         return http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
 
     def authorization(self) -> str | None:
+        """The Authorization header's value. Raises MeshError (not retried) when the token file is unusable."""
         if self.socket_path is not None:
             return f"ClaudeMesh-Capability {self.capability_token}" if self.capability_token else None
-        return f"Bearer {self.token_file.read_text(encoding='ascii').strip()}" if self.token_file else None
+        if self.token_file is None:
+            return None
+        try:
+            token = self.token_file.read_text(encoding="ascii").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise MeshError(f"the token file {self.token_file} is unusable: {exc}") from exc
+        if not token or not token.isprintable() or " " in token:
+            raise MeshError(f"the token file {self.token_file} holds no token")
+        return f"Bearer {token}"
 
 
 class Client:
@@ -123,8 +138,15 @@ class Client:
     # --- transport ------------------------------------------------------------------------------------------------
     def request(self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None,
                 timeout: float | None = None) -> tuple[int, dict[str, str], bytes]:
-        """One request on a fresh connection: the status, the headers (lower-case names) and the body.
-        Over TCP a 401 re-reads the token file once (the token may have been rotated) and tries again."""
+        """One request on a fresh connection: the status, the headers (lower-case names) and the body, all within
+        ``timeout`` seconds (the client's by default) however slowly the daemon answers. Over TCP a 401 re-reads the
+        token file once (the token may have been rotated) and tries again.
+
+        Raises:
+            OSError, http.client.HTTPException: the connection failed or timed out (the caller may retry).
+            MeshError: the token file is unusable (retrying would not help).
+        """
+        end = time.monotonic() + (self.timeout if timeout is None else timeout)
         for attempt in (1, 2):
             sent = dict(headers or {})
             authorization = self.endpoint.authorization()
@@ -134,13 +156,20 @@ class Client:
             if body is not None:
                 payload = json.dumps(body, ensure_ascii=False).encode("utf-8")
                 sent["Content-Type"] = "application/json"
-            conn = self.endpoint.connection(self.timeout if timeout is None else timeout)
+            left = end - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"{method} {path}: no answer within the call's time")
+            conn = self.endpoint.connection(left)
+            # the socket timeout bounds each read; this bounds them all (a daemon trickling bytes)
+            watchdog = threading.Timer(left, _abort, args=(conn,))
+            watchdog.start()
             try:
                 conn.request(method, path, body=payload, headers=sent)
                 answer = conn.getresponse()
                 status, data = answer.status, answer.read()
                 answer_headers = {k.lower(): v for k, v in answer.getheaders()}
             finally:
+                watchdog.cancel()
                 conn.close()
             if status == 401 and attempt == 1 and self.endpoint.token_file is not None:
                 # req: SDK-TOKEN-REREAD -- a rotated token: authorization() reads the file again
@@ -150,20 +179,17 @@ class Client:
 
     def _typed(self, result: type, method: str, path: str, body: Any = None) -> Any:
         """The answer of one call as ``result`` (a class of _types), or MeshError naming the members it lacks."""
-        document = self._json(method, path, body)
-        try:
-            return result.from_json(document)
-        except (TypeError, KeyError, AttributeError) as exc:
-            raise MeshError(f"{method} {path}: the answer is not a {result.__name__} of /v1: {exc}") from exc
+        return _typed(result, self._json(method, path, body), f"{method} {path}")
 
-    def _json(self, method: str, path: str, body: Any = None, ok: tuple[int, ...] = (200,)) -> Any:
+    def _json(self, method: str, path: str, body: Any = None, ok: tuple[int, ...] = (200,),
+              timeout: float | None = None) -> Any:
         try:
-            status, headers, data = self.request(method, path, body)
+            status, headers, data = self.request(method, path, body, timeout=timeout)
         except (OSError, http.client.HTTPException) as exc:
             raise Unavailable(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
         if status not in ok:
             raise _problem(method, path, status, headers, data)
-        return json.loads(data)
+        return _decoded(data, f"{method} {path}")
 
     # --- the core surface -----------------------------------------------------------------------------------------
     def version(self) -> Version:
@@ -189,15 +215,20 @@ class Client:
 
     def send(self, to: str, message: str, *, client_message_id: str | None = None, priority: str | None = None,
              meta: Any = None, reply_to_id: str | None = None, deadline_s: float = 60.0) -> SendResult:
-        """Send once, whatever happens on the way (§4.5.1): the key (given, or minted here) goes with every retry.
+        """Send once, whatever happens on the way (§4.5.1): the key (given, or minted here) goes with every retry,
+        and every error raised carries it (``client_message_id``), so the caller can try again under it.
 
-        Retries 429 and 503 after their Retry-After, and a connection lost before the answer, until ``deadline_s``.
+        Retries 429 and 503 no sooner than their Retry-After (with a growing floor: a Retry-After of 0 is no busy
+        loop), and a connection lost or timed out before the answer; the whole call ends by ``deadline_s``.
 
         Raises:
             Conflict: 409: the key is bound to another request or state.
             Unavailable: still busy or unreachable at the deadline.
-            MeshError: any other refusal (400, 413, ...): retrying it would not help.
+            MeshError: any other refusal (400, 413, ...), or an answer that is not /v1: retrying would not help.
+            ValueError: ``deadline_s`` is not a positive number.
         """
+        if not (isinstance(deadline_s, int | float) and math.isfinite(deadline_s) and deadline_s > 0):
+            raise ValueError(f"deadline_s must be a positive number of seconds, not {deadline_s!r}")
         # req: SDK-SAME-KEY -- given or minted once, then the key of every attempt
         key = client_message_id or new_client_message_id()
         body: dict[str, Any] = {"to": to, "message": message, "client_message_id": key}
@@ -208,24 +239,28 @@ class Client:
         for attempt in range(1_000_000):
             hint, failure, status, problem = None, "", None, None
             try:
-                status, headers, data = self.request("POST", "/v1/send", body)
+                status, headers, data = self.request("POST", "/v1/send", body,
+                                                     timeout=min(self.timeout, max(0.001, end - time.monotonic())))
             except (OSError, http.client.HTTPException) as exc:  # lost before the answer: maybe stored, so same key
                 failure = f"{type(exc).__name__}: {exc}"
+            except MeshError as exc:
+                exc.client_message_id = key
+                raise
             else:
                 if status in (200, 202):
-                    return SendResult.from_json(json.loads(data))
-                error = _problem("POST", "/v1/send", status, headers, data)
+                    return _typed(SendResult, _decoded(data, "POST /v1/send", key), "POST /v1/send", key)
+                error = _problem("POST", "/v1/send", status, headers, data, key)
                 if status not in RETRY_STATUSES:
                     # req: SDK-NO-RETRY-REFUSED, SDK-TYPED-CONFLICT -- a 409 is a Conflict, raised at once
                     raise error
                 hint, failure, problem = retry_after(headers.get("retry-after")), str(error), error.problem
             left = end - time.monotonic()
-            # req: SDK-RETRY-AFTER
-            # Retry-After is honoured, never cut short; without one, backoff with jitter, and a last try at the end
-            wait = hint if hint is not None else min(left, min(5.0, 0.05 * 2 ** attempt) * (0.5 + random.random() / 2))
+            # req: SDK-RETRY-AFTER -- Retry-After is honoured, never cut short; a growing floor under it, with jitter
+            floor = min(5.0, 0.05 * 2 ** min(attempt, 10)) * (0.5 + random.random() / 2)
+            wait = max(hint, floor) if hint is not None else min(left, floor)
             if left <= 0 or wait > left:
                 raise Unavailable(f"send {key}: {failure}; gave up at the {deadline_s} s deadline", status, problem,
-                                  hint)
+                                  hint, key)
             time.sleep(wait)
         raise AssertionError("unreachable")
 
@@ -248,10 +283,16 @@ class Client:
     def events(self, last_event_id: int | None = None, *, reconnect_s: float = 30.0,
                read_timeout_s: float = 60.0) -> Iterator[Event]:
         """The event stream, each event once: after a drop it reconnects with ``Last-Event-ID`` (the daemon replays
-        from there, at least once) and skips what it already yielded. Gives up after ``reconnect_s`` without a
-        connection (Unavailable). ``read_timeout_s`` must exceed the daemon's keepalive interval."""
+        from there, at least once) and skips what it already yielded; ``replay_gap`` (no id) is yielded as it comes.
+        Reconnections back off (and honour a 429 or 503's Retry-After); it gives up (Unavailable) once ``reconnect_s``
+        pass without an event or a connection that held. ``read_timeout_s`` must exceed the daemon's keepalive.
+
+        Raises:
+            Unavailable: no stream for ``reconnect_s``.
+            MeshError: the daemon refused the stream (401, 400, ...) or sent an event that is not JSON.
+        """
         last = last_event_id
-        down_since: float | None = None
+        trouble_since: float | None = None  # since when no event came and no connection held
         attempt = 0
         while True:
             headers = {"Accept": "text/event-stream"}
@@ -259,6 +300,7 @@ class Client:
                 # req: SDK-EVENTS-RESUME -- the last event yielded; the replay's repeats are skipped below
                 headers["Last-Event-ID"] = str(last)
             conn = self.endpoint.connection(read_timeout_s)
+            opened, hint = time.monotonic(), None
             try:
                 authorization = self.endpoint.authorization()
                 if authorization:
@@ -266,25 +308,30 @@ class Client:
                 conn.request("GET", "/v1/events", headers=headers)
                 answer = conn.getresponse()
                 if answer.status != 200:
-                    error = _problem("GET", "/v1/events", answer.status, dict(answer.getheaders()), answer.read())
+                    error = _problem("GET", "/v1/events", answer.status,
+                                     {k.lower(): v for k, v in answer.getheaders()}, answer.read())
                     if answer.status not in RETRY_STATUSES:
                         raise error
+                    hint = error.retry_after
                     raise ConnectionError(str(error))
-                down_since, attempt = None, 0
                 for event in _sse(answer):
                     if event.id is not None:
                         if last is not None and event.id <= last:
                             continue  # replayed after a resume: yielded already
                         last = event.id
+                    trouble_since, attempt = None, 0
                     yield event
                 raise ConnectionError("the daemon closed the stream")
             except (OSError, http.client.HTTPException) as exc:
                 now = time.monotonic()
-                down_since = now if down_since is None else down_since
-                if now - down_since > reconnect_s:
-                    raise Unavailable(f"GET /v1/events: {type(exc).__name__}: {exc}; no connection for "
+                if now - opened >= min(5.0, reconnect_s / 2):  # the connection held a while: a new drop
+                    trouble_since, attempt = None, 0
+                trouble_since = now if trouble_since is None else trouble_since
+                if now - trouble_since > reconnect_s:
+                    raise Unavailable(f"GET /v1/events: {type(exc).__name__}: {exc}; no stream that held for "
                                       f"{reconnect_s} s") from exc
-                time.sleep(min(2.0, 0.05 * 2 ** attempt))
+                floor = min(5.0, 0.05 * 2 ** min(attempt, 10)) * (0.5 + random.random() / 2)
+                time.sleep(max(hint, floor) if hint is not None else floor)
                 attempt += 1
             finally:
                 conn.close()
@@ -300,10 +347,13 @@ def _sse(answer: http.client.HTTPResponse) -> Iterator[Event]:
             return
         if not line.endswith(b"\n"):
             return  # cut mid-line: the stream dropped
-        text = line.decode("utf-8").rstrip("\r\n")
+        try:
+            text = line.decode("utf-8").rstrip("\r\n")
+        except UnicodeDecodeError as exc:
+            raise MeshError(f"GET /v1/events: a line that is not UTF-8: {exc}") from exc
         if not text:
             if data:
-                yield Event(event_id, name, json.loads("\n".join(data)))
+                yield Event(event_id, name, _decoded("\n".join(data).encode(), f"GET /v1/events: event {event_id}"))
             event_id, name, data = None, "message", []
             continue
         key, _, value = text.partition(":")
@@ -321,7 +371,7 @@ def retry_after(value: str | None) -> float | None:
     if value is None:
         return None
     value = value.strip()
-    if value.isdigit():
+    if re.fullmatch(r"[0-9]{1,12}", value):  # ASCII digits only: str.isdigit() takes superscripts too
         return float(value)
     try:
         moment = email.utils.parsedate_to_datetime(value)
@@ -330,18 +380,44 @@ def retry_after(value: str | None) -> float | None:
     return max(0.0, moment.timestamp() - time.time())
 
 
-def _problem(method: str, path: str, status: int, headers: dict[str, str], data: bytes) -> MeshError:
+def _problem(method: str, path: str, status: int, headers: dict[str, str], data: bytes,
+             key: str | None = None) -> MeshError:
     try:
         problem = json.loads(data) if data else {}
-    except ValueError:
+    except (ValueError, RecursionError):
         problem = {}
     problem = problem if isinstance(problem, dict) else {}
     message = f"{method} {path}: {status} {problem.get('error', '')}: {problem.get('detail', '')}".rstrip(": ")
     if status == 409:
-        return Conflict(message, status, problem)
+        return Conflict(message, status, problem, key)
     if status in RETRY_STATUSES:
-        return Unavailable(message, status, problem, retry_after(headers.get("retry-after")))
-    return MeshError(message, status, problem)
+        return Unavailable(message, status, problem, retry_after(headers.get("retry-after")), key)
+    return MeshError(message, status, problem, key)
+
+
+def _decoded(data: bytes, call: str, key: str | None = None) -> Any:
+    """The JSON of an answer, or MeshError: a daemon that answers something else does not speak /v1."""
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise MeshError(f"{call}: the answer is not JSON: {exc}", client_message_id=key) from exc
+
+
+def _typed(result: type, document: Any, call: str, key: str | None = None) -> Any:
+    try:
+        if not isinstance(document, dict):
+            raise TypeError(f"a {type(document).__name__}, not an object")
+        return result.from_json(document)
+    except (TypeError, KeyError, AttributeError) as exc:
+        raise MeshError(f"{call}: the answer is not a {result.__name__} of /v1: {exc}", client_message_id=key) from exc
+
+
+def _abort(conn: http.client.HTTPConnection) -> None:
+    """Past the call's time: cut the connection, which ends whatever read or write is waiting on it."""
+    sock = conn.sock
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
 
 
 def _query(**params: Any) -> str:
@@ -349,10 +425,11 @@ def _query(**params: Any) -> str:
     return "?" + urllib.parse.urlencode(present) if present else ""
 
 
-def _answers(endpoint: Endpoint, mesh: str | None, connect_timeout_s: float, timeout: float) -> str | None:
+def _answers(endpoint: Endpoint, mesh: str | None, connect_timeout_s: float, probe_timeout_s: float) -> str | None:
     """Why ``endpoint`` is not a usable daemon of ``mesh`` (None: it is): a connection must open within
-    ``connect_timeout_s``, then the version (and the mesh) must be this client's."""
-    client = Client(endpoint, timeout)
+    ``connect_timeout_s``, then the version (and the mesh) must be this client's, each answered within
+    ``probe_timeout_s``."""
+    client = Client(endpoint, probe_timeout_s)
     try:
         probe = endpoint.connection(connect_timeout_s)
         try:
@@ -376,7 +453,7 @@ def _answers(endpoint: Endpoint, mesh: str | None, connect_timeout_s: float, tim
 
 
 def discover(state_dir: str | os.PathLike[str] | None = None, *, mesh: str | None = None,
-             connect_timeout_s: float = 0.1, timeout: float = 10.0) -> Client:
+             connect_timeout_s: float = 0.1, probe_timeout_s: float = 2.0, timeout: float = 10.0) -> Client:
     """The daemon of ``mesh``, found as §8 says: by a real connection, never by a pid file.
 
     In a hook, ``CLAUDEMESH_DAEMON_SOCK`` (and its ``CLAUDEMESH_CAPABILITY_TOKEN``) come first. Then the state
@@ -399,7 +476,7 @@ def discover(state_dir: str | os.PathLike[str] | None = None, *, mesh: str | Non
         if not os.path.exists(endpoint.socket_path):
             tried.append(f"{endpoint.socket_path}: no socket")
             continue
-        why = _answers(endpoint, mesh, connect_timeout_s, timeout)
+        why = _answers(endpoint, mesh, connect_timeout_s, probe_timeout_s)
         if why is None:
             return Client(endpoint, timeout)
         tried.append(f"{endpoint.socket_path}: {why}")
@@ -410,7 +487,7 @@ def discover(state_dir: str | os.PathLike[str] | None = None, *, mesh: str | Non
         tried.append(f"{root / 'http.port'}: {exc}")
     else:
         endpoint = Endpoint(port=port, token_file=root / "local_token")
-        why = _answers(endpoint, mesh, max(connect_timeout_s, 1.0), timeout)
+        why = _answers(endpoint, mesh, max(connect_timeout_s, 1.0), probe_timeout_s)
         if why is None:
             return Client(endpoint, timeout)
         tried.append(f"127.0.0.1:{port}: {why}")
