@@ -27,3 +27,12 @@ def test_every_linked_requirement_exists():
 
 def test_the_readme_lists_the_catalogue_as_the_code_defines_it():
     assert catalogue_markdown() in (ROOT / "spark_checks" / "README.md").read_text()
+
+
+def test_the_checks_derive_a_hook_reply_id_as_the_daemon_does():
+    """TRC-HOOK-REPLY-ID's derivation (every engine's: catalogue, DuckDB SQL, Spark columns) is the core's."""
+    from reference.core import reply_client_message_id
+    from spark_checks.catalogue import hook_reply_id
+
+    for message, hook in (("in-1", "on-message"), ("01JRW0000000000000000000001", "on-topic-a.b"), ("é~x", "on-dm")):
+        assert hook_reply_id(message, hook) == reply_client_message_id(message, hook)

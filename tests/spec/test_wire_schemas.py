@@ -348,6 +348,7 @@ EVENTS: dict[str, tuple[list[dict[str, Any]], list[tuple[str, dict[str, Any]]]]]
          changed(HOOK_RUN, to="done", http_status=409)],
         [("not_final", changed(HOOK_RUN, to="claimed")),
          ("status_without_reply", changed(HOOK_RUN, reply_client_message_id=None)),
+         ("reply_without_status", changed(HOOK_RUN, http_status=None)),
          ("claims_negative", changed(HOOK_RUN, claims=-1)),
          ("bad_reply_id", changed(HOOK_RUN, reply_client_message_id="hook id"))],
     ),
