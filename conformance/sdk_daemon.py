@@ -55,6 +55,9 @@ class EventPlan:
     batches: list[list[dict[str, Any]]] = field(default_factory=list)
     cut: list[bool] = field(default_factory=list)
     overlap: int = 0
+    #: events retained from before the run, oldest first; a ``Last-Event-ID`` older than the first of them gets a
+    #: ``replay_gap`` (no id) first, as the daemon sends one when the events asked for were pruned
+    retained: list[dict[str, Any]] = field(default_factory=list)
 
 
 class ScriptedDaemon:
@@ -67,10 +70,16 @@ class ScriptedDaemon:
         self.want_unix, self.want_tcp = unix, tcp
         self.token = secrets.token_urlsafe(32)
         self.rotate_token_after = rotate_token_after
+        self.rotated = False
         self.requests: list[Request] = []
         self.send_script: list[tuple] = []  # ("answer", status, headers, members) | ("reset",) | ("commit",)
         self.rows: dict[str, dict[str, Any]] = {}  # committed sends by client_message_id
         self.inbox: list[dict[str, Any]] = []
+        #: how many items each successive inbox page holds at most (then ``limit``): a short page is not the end
+        self.inbox_pages: list[int] = []
+        self.inbox_served: list[int] = []  # how many items each answered page held
+        self.unauthorized = 0  # 401s answered
+        self.authorized_after_rotation = 0  # requests with the new token after a rotation
         self.events = EventPlan()
         self.retained: list[dict[str, Any]] = []
         self._stream_count = 0
@@ -132,9 +141,15 @@ class ScriptedDaemon:
         with self._lock:
             if self.rotate_token_after is not None and served > self.rotate_token_after:
                 self.rotate_token_after = None
+                self.rotated = True
                 self.token = secrets.token_urlsafe(32)
                 self._write_token()
-            return header == f"Bearer {self.token}"
+            ok = header == f"Bearer {self.token}"
+            if not ok:
+                self.unauthorized += 1
+            elif self.rotated:
+                self.authorized_after_rotation += 1
+            return ok
 
     def next_send_action(self) -> tuple:
         with self._lock:
@@ -196,7 +211,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         daemon = self.server.scripted
         body = None
         if method == "POST":
-            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            raw = self._body()
             try:
                 body = json.loads(raw) if raw else None
             except ValueError:
@@ -215,6 +230,20 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._json(404, _problem(404, "not_found"))
             return
         handler(query, body)
+
+    def _body(self) -> bytes:
+        """The request body, by Content-Length or chunked (RFC 9112 §7.1; E-34: every recipient takes both)."""
+        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+            data = b""
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):  # trailers
+                        pass
+                    return data
+                data += self.rfile.read(size)
+                self.rfile.readline()
+        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
 
     def _json(self, status: int, document: Any, headers: dict[str, str] | None = None) -> None:
         data = json.dumps(document).encode()
@@ -251,7 +280,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             _, status, headers, members = action
             extra = {"client_message_id": key, **members} if status == 409 else members
             error = {409: "idempotency_key_reused", 429: "daemon_busy", 503: "daemon_draining", 400: "invalid_request",
-                     413: "payload_too_large"}[status]
+                     404: "not_found", 413: "payload_too_large", 415: "unsupported_media_type"}[status]
+            # a header given as a function is computed as the answer leaves (an HTTP-date relative to now)
+            headers = {name: value() if callable(value) else value for name, value in headers.items()}
             self._json(status, _problem(status, error, **extra), headers)
             return
         with daemon._lock:
@@ -274,7 +305,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         limit = int(query.get("limit", "100"))
         cursor = query.get("cursor")
         after = int(cursor) if cursor and cursor.isdigit() else 0
-        page = [item for item in items if item["seq"] > after][:limit]
+        pages = self.server.scripted.inbox_pages
+        size = min(limit, pages.pop(0)) if pages else limit
+        page = [item for item in items if item["seq"] > after][:size]
+        self.server.scripted.inbox_served.append(len(page))
         self._json(200, {"items": page, "next_cursor": str(page[-1]["seq"]) if page else cursor})
 
     def _events(self, query: dict[str, str], body: Any) -> None:
@@ -289,7 +323,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.close_connection = True
         try:
             if header is not None and header.isdigit():
-                for event in list(daemon.retained):
+                older = daemon.events.retained
+                if older and int(header) < older[0]["id"] - 1:
+                    gap = {"requested_after": int(header), "oldest_available": older[0]["id"],
+                           "ts": "2026-11-27T00:00:00.000Z"}
+                    self.wfile.write(f"event: replay_gap\ndata: {json.dumps(gap)}\n\n".encode())
+                for event in [*older, *daemon.retained]:
                     if event["id"] > int(header) - daemon.events.overlap:
                         self.wfile.write(_frame(event))
             for event in batch:

@@ -20,11 +20,11 @@ SDK_REQUIREMENTS = sorted(r["id"] for r in load_yaml(REPO / "spec" / "requiremen
 NAIVE = f"{sys.executable} {REPO / 'fixtures' / 'sdk' / 'naive_driver.py'} {{scenario}} {{results}}"
 #: why the miniature fails each requirement: words its failure detail must hold
 NAIVE_REASONS = {
-    "SDK-DISCOVER-CONNECT": "dead socket was used",
+    "SDK-DISCOVER-CONNECT": "discover gave unix",
     "SDK-DISCOVER-CHECK": "the SDK chose unix",
     "SDK-DISCOVER-TCP": "over TCP with the token file",
     "SDK-TOKEN-REREAD": "invalid_bearer_token",
-    "SDK-SAME-KEY": "the keys of the four attempts",
+    "SDK-SAME-KEY": "the keys of the attempts",
     "SDK-RETRY-AFTER": "retried after 0.",
     "SDK-TYPED-CONFLICT": "'conflict': None",
     "SDK-NO-RETRY-REFUSED": "sends made",
@@ -67,14 +67,33 @@ def test_a_template_without_its_placeholders_is_refused():
         check_template("driver {scenarios}")
 
 
-def test_a_driver_that_writes_garbage_nothing_or_hangs_has_no_result(tmp_path):
+def test_a_driver_that_writes_garbage_nothing_other_steps_or_hangs_fails_each_step_with_its_log(tmp_path):
     import time
 
     scenario = {"state_dir": str(tmp_path), "mesh": "m", "steps": [{"op": "version"}, {"op": "discover"}]}
+
+    def missing(results: list[dict]) -> list[str]:
+        assert [(r["step"], r["op"], r["ok"]) for r in results] == [(0, "version", False), (1, "discover", False)]
+        assert all(r["error"]["kind"] == "missing" and "driver.log ends" in r["error"]["message"] for r in results)
+        return [r["error"]["message"] for r in results]
+
     garbage = f"{sys.executable} -c \"import sys; open(sys.argv[1], 'w').write('not json')\" {{results}}"
-    lines = run_driver(garbage, scenario, tmp_path / "g", 20)
-    assert len(lines) == 1 and not lines[0]["ok"] and "results.jsonl:1" in lines[0]["driver_error"]
-    assert run_driver(f"{sys.executable} -c pass", scenario, tmp_path / "n", 20) == []
+    assert "results.jsonl:1" in missing(run_driver(garbage, scenario, tmp_path / "g", 20))[0]
+    crash = f"{sys.executable} -c \"import sys; print('boom'); sys.exit(7)\""
+    assert all("exited 7" in m and "boom" in m for m in missing(run_driver(crash, scenario, tmp_path / "c", 20)))
+    (tmp_path / "other.py").write_text("import json, sys\nopen(sys.argv[1], 'w').write(json.dumps("
+                                       "{'step': 5, 'op': 'discover', 'ok': True, 'value': {}}) + '\\n')\n")
+    other = f"{sys.executable} {tmp_path / 'other.py'} {{results}}"
+    assert "not step 0" in missing(run_driver(other, scenario, tmp_path / "o", 20))[0]
     started = time.monotonic()
-    assert run_driver(f"{sys.executable} -c 'import time; time.sleep(60)'", scenario, tmp_path / "s", 2) == []
+    hang = f"{sys.executable} -c 'import subprocess, time; subprocess.Popen([\"sleep\", \"300\"]); time.sleep(60)'"
+    assert all("outran 2 s" in m for m in missing(run_driver(hang, scenario, tmp_path / "s", 2)))
     assert time.monotonic() - started < 10  # killed at its timeout, with its whole group
+
+
+def test_a_template_runs_where_meshconform_runs(tmp_path, monkeypatch):
+    (tmp_path / "driver.py").write_text("import sys; open(sys.argv[1], 'w').write('')\n")
+    monkeypatch.chdir(tmp_path)
+    results = run_driver(f"{sys.executable} driver.py {{results}}", {"state_dir": str(tmp_path), "mesh": "m",
+                                                                    "steps": [{"op": "version"}]}, tmp_path / "w", 20)
+    assert "exited 0" in results[0]["error"]["message"]  # it ran (relative path) and wrote nothing
