@@ -457,9 +457,10 @@ def discover(state_dir: str | os.PathLike[str] | None = None, *, mesh: str | Non
     """The daemon of ``mesh``, found as §8 says: by a real connection, never by a pid file.
 
     In a hook, ``CLAUDEMESH_DAEMON_SOCK`` (and its ``CLAUDEMESH_CAPABILITY_TOKEN``) come first. Then the state
-    directory (``state_dir``, else ``default_state_dir(mesh)``): its unix socket, when a connection opens within
-    ``connect_timeout_s`` and ``GET /v1/version`` (and, for a mesh, ``GET /v1/health``) says it is the one; then
-    TCP on 127.0.0.1 at the port in ``http.port`` with the bearer token of ``local_token``.
+    directory (``state_dir``, else ``default_state_dir(mesh)``): its unix socket (``daemon.sock``, then ``sock``),
+    when a connection opens within ``connect_timeout_s`` and ``GET /v1/version`` (and, for a mesh,
+    ``GET /v1/health``) says within ``probe_timeout_s`` it is the one; then TCP on 127.0.0.1 at the port in
+    ``http.port`` with the bearer token of ``local_token``. The client returned calls with ``timeout``.
 
     Raises:
         DaemonNotFound: neither answered; the message says what each attempt found.
