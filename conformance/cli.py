@@ -204,6 +204,14 @@ def list_cases(args: argparse.Namespace) -> int:
     return 0
 
 
+#: the options the broker and SDK suites share with `run` (whose own help texts are longer)
+SUITE_OPTIONS = (("--strict", {"action": "store_true"}), ("--spec-only", {"action": "store_true"}),
+                 ("--select", {"action": "append"}), ("--deselect", {"action": "append"}),
+                 ("--seed", {"type": int}), ("--case-timeout", {"type": float, "default": 120.0}),
+                 ("--deadline", {"type": float, "default": 1800.0}), ("--report-dir", {"type": Path}),
+                 ("--quiet", {"action": "store_true"}))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="meshconform", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -243,11 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     brokers.add_argument("--mesh-id", default="meshconform")
     brokers.add_argument("--lease-s", type=float,
                          help="the broker's delivery lease (default: what it advertises, else 30 s)")
-    for name, kwargs in (("--strict", {"action": "store_true"}), ("--spec-only", {"action": "store_true"}),
-                         ("--select", {"action": "append"}), ("--deselect", {"action": "append"}),
-                         ("--seed", {"type": int}), ("--case-timeout", {"type": float, "default": 120.0}),
-                         ("--deadline", {"type": float, "default": 1800.0}), ("--report-dir", {"type": Path}),
-                         ("--quiet", {"action": "store_true"})):
+    for name, kwargs in SUITE_OPTIONS:
         brokers.add_argument(name, **kwargs)
     brokers.add_argument("--record-reference", action="store_true",
                          help="with the reference broker: record the verdicts CONFORMANCE.md shows")
@@ -255,11 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     sdks = sub.add_parser("sdk", help="run the SDK suite against a client SDK (the harness plays the daemon)")
     sdks.add_argument("--launch", help="the SDK's driver: a template with {scenario} and {results} "
                       "(conformance/sdk_target.py); default: the Python SDK, reference/client")
-    for name, kwargs in (("--strict", {"action": "store_true"}), ("--spec-only", {"action": "store_true"}),
-                         ("--select", {"action": "append"}), ("--deselect", {"action": "append"}),
-                         ("--seed", {"type": int}), ("--case-timeout", {"type": float, "default": 120.0}),
-                         ("--deadline", {"type": float, "default": 1800.0}), ("--report-dir", {"type": Path}),
-                         ("--quiet", {"action": "store_true"})):
+    for name, kwargs in SUITE_OPTIONS:
         sdks.add_argument(name, **kwargs)
     sdks.add_argument("--record-reference", action="store_true",
                       help="with the Python SDK: record the verdicts CONFORMANCE.md shows")

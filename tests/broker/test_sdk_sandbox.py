@@ -9,21 +9,11 @@ import socket
 import threading
 import time
 
+from test_server import FAST_DAEMON
+
 from conformance.launch import REFERENCE_TEMPLATE, Launched
 from reference.client import Client, Endpoint, discover
 from reference.sandbox import Sandbox
-
-FAST = """
-[outbox]
-retry_base_ms = 50
-retry_max_ms = 300
-ack_timeout_s = 3.0
-[reconnect]
-initial_ms = 50
-max_ms = 300
-[daemon]
-drain_timeout_s = 1.0
-"""
 
 
 class Proxy:
@@ -81,7 +71,7 @@ def test_the_sdk_sends_receives_and_resumes_a_killed_stream_in_the_sandbox(tmp_p
     with Sandbox(tmp_path / "sb") as sandbox:
         second = tmp_path / "b"
         second.mkdir(mode=0o700)
-        (second / "config.toml").write_text(FAST)
+        (second / "config.toml").write_text(FAST_DAEMON)
         receiver = Launched(REFERENCE_TEMPLATE, second, sandbox.broker_url)
         receiver.start()
         proxy = None
