@@ -312,7 +312,7 @@ def _run_check(args: argparse.Namespace):
     from .inputs import write_local
 
     if args.engine == "spark":
-        from .inputs import InputError, write_hadoop
+        from .inputs import InputError, estimated_events, write_hadoop
         from .session import DriverUnreachable, build_session
         from .spark import DEFAULT_CHUNK, SparkChecker
 
@@ -320,7 +320,8 @@ def _run_check(args: argparse.Namespace):
         master = args.master or (None if "PYSPARK_GATEWAY_PORT" in os.environ else "local[*]")
         try:
             spark = build_session(master, driver_memory=args.driver_memory, driver_host=args.driver_host,
-                                  driver_bind_address=args.driver_bind_address, conf=dict(args.conf))
+                                  driver_bind_address=args.driver_bind_address, conf=dict(args.conf),
+                                  expected_events=estimated_events(args.paths))
         except DriverUnreachable as exc:
             raise InputError(str(exc)) from None
         report = SparkChecker(spark, chunk=args.chunk or DEFAULT_CHUNK, redelivery_grace_ms=args.redelivery_grace_ms,

@@ -350,5 +350,25 @@ def check_local_parquet(files: Iterable[str]) -> None:
                          + (f"; and {len(problems) - 5} more" if len(problems) > 5 else ""))
 
 
-__all__ = ["HadoopFS", "InputError", "JsonlFile", "LocalFS", "Trace", "check_local_parquet", "local", "locate",
-           "write_hadoop", "write_local"]
+#: bytes of a JSONL line, at the least, for `estimated_events` (a generated event's line is 250-400): an estimate
+#: that errs, errs toward more events
+JSONL_BYTES_PER_EVENT = 200
+
+
+def estimated_events(arguments: Iterable[str]) -> int | None:
+    """How many events the trace ``arguments`` name holds, when every argument is local and the files say without
+    being read: a Parquet file's row count from its footer, a JSONL file's size over `JSONL_BYTES_PER_EVENT`. None
+    for a Hadoop URI, or input the check itself will refuse (its error is the read's to give)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        trace = locate(arguments, LocalFS("estimate"))
+        events = sum(os.path.getsize(f.location) // JSONL_BYTES_PER_EVENT for f in trace.jsonl)
+        return events + sum(pq.read_metadata(path).num_rows for path in trace.parquet_files)
+    except (InputError, OSError, pa.ArrowException):
+        return None
+
+
+__all__ = ["HadoopFS", "InputError", "JsonlFile", "LocalFS", "Trace", "check_local_parquet", "estimated_events",
+           "local", "locate", "write_hadoop", "write_local"]
