@@ -15,8 +15,12 @@ Theory of operation (DataFrame operations only, no Python UDFs):
   that large belong in Parquet.
 * Parquet: every file's footer is read on the driver and its columns compared with ``format.FLAT_SCHEMA``; the rows
   are then judged by the tree rendered over their typed columns (``validity.ParquetAccess``). The (node, line)
-  positions two rows hold are found first by one aggregation over those two columns (``_shared_positions``); only
-  when there are some are the rows joined with them (their rows are ``layout``).
+  positions two rows hold are ``layout``. Found by a caller's aggregation (``summary``), in the same pass: per node,
+  the count, least and greatest line and two sums over the lines (`POSITION_AGGREGATES`). A node whose lines hold no
+  position twice is a node whose count is its range and whose sums are the range's (`crowded_nodes`); a node where
+  any of that fails -- a duplicated line, or only a gap -- has its positions counted exactly, by one aggregation over
+  the two columns of its rows (``_shared_positions``), and only when some are shared is the trace judged again with
+  them joined. Without a caller's aggregation that exact count runs for every node first.
 * Invalid events are counted by reason and the first ``INVALID_LISTED`` fetched, in one small job (a caller's own
   aggregation of a Parquet trace -- the Spark checks' statistics -- can take the count's place in it); the checks then
   read the valid events only: with nothing invalid, a Parquet trace's files as they are, with no validity expression
@@ -120,6 +124,93 @@ class Loaded:
     reasons: dict[str, int]
     #: the rows of the caller's ``summary`` aggregation for valid events, when it ran with the count
     summary: list[Any] | None = None
+    #: every row of that aggregation, invalid events' included
+    every: list[Any] | None = None
+
+
+#: splitmix64's finalizer (Steele, Lea and Flood 2014): a bijection of 64-bit words whose sum over a node's lines
+#: a duplicated position changes, unless a gap cancels both it and the plain sum of the lines
+MIX_ADD, MIX_1, MIX_2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+WORD = 1 << 64
+#: lines hashed at once on the driver (`_range_hash`): 32 MB of 64-bit words
+RANGE_CHUNK = 1 << 22
+
+
+def _signed(value: int) -> int:
+    return value - WORD if value >= WORD >> 1 else value
+
+
+def _mix(column: Any) -> Any:
+    """splitmix64's finalizer of a long column (Spark's long arithmetic wraps: ANSI mode is off, session.SQL_CONF)."""
+    from pyspark.sql import functions as F
+
+    z = column.cast("long") + F.lit(_signed(MIX_ADD))
+    z = z.bitwiseXOR(F.shiftrightunsigned(z, 30)) * F.lit(_signed(MIX_1))
+    z = z.bitwiseXOR(F.shiftrightunsigned(z, 27)) * F.lit(_signed(MIX_2))
+    return z.bitwiseXOR(F.shiftrightunsigned(z, 31))
+
+
+def _range_hash(low: int, high: int) -> int:
+    """The sum of `_mix` over low..high, modulo 2**64 (numpy's unsigned arithmetic wraps as Spark's does)."""
+    import numpy as np
+
+    total = 0
+    for start in range(low, high + 1, RANGE_CHUNK):
+        z = np.arange(start, min(high + 1, start + RANGE_CHUNK), dtype=np.uint64) + np.uint64(MIX_ADD)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(MIX_1)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(MIX_2)
+        total += int((z ^ (z >> np.uint64(31))).sum(dtype=np.uint64))
+    return total % WORD
+
+
+def _holds_position() -> Any:
+    """Whether a row holds a (node, line) position: it has a node, and a line that is not null or negative."""
+    from pyspark.sql import functions as F
+
+    return F.col("node").isNotNull() & (F.col("line") >= 0)
+
+
+def position_key() -> Any:
+    """The node of a row holding a position, else null: a grouping key of the caller's aggregation, beside its
+    own."""
+    from pyspark.sql import functions as F
+
+    return F.when(_holds_position(), F.col("node")).alias("pnode")
+
+
+def position_aggregates(inner: bool) -> list[Any]:
+    """The aggregates `crowded_nodes` reads, per `position_key` group: over the rows (``inner``) or, in an outer
+    aggregation, over the inner one's groups."""
+    from pyspark.sql import functions as F
+
+    if inner:
+        held = _holds_position()
+        line = F.when(held, F.col("line"))
+        return [F.count(line).alias("pn"), F.min(line).alias("pmin"), F.max(line).alias("pmax"),
+                F.sum(line).alias("psum"), F.sum(F.when(held, _mix(F.col("line")))).alias("phash")]
+    return [F.sum("pn").alias("pn"), F.min("pmin").alias("pmin"), F.max("pmax").alias("pmax"),
+            F.sum("psum").alias("psum"), F.sum("phash").alias("phash")]
+
+
+def crowded_nodes(rows: list[Any]) -> set[str]:
+    """The nodes whose positions may be held twice, from the rows of `position_aggregates`: a node's lines hold each
+    position once when they number as many as their range, and their plain sum and `_mix` sum (modulo 2**64) are
+    the range's. A duplicated line with no gap changes the count; with gaps, the sums too, but for a gap each sum
+    misses by exactly what the duplicates add -- for the mixed sum, one chance in 2**64 -- so a node that passes
+    holds no position twice."""
+    nodes: dict[str, list[int]] = {}
+    for row in rows:
+        if row["pnode"] is None or not row["pn"]:
+            continue
+        n, low, high, plain, mixed = nodes.setdefault(row["pnode"], [0, row["pmin"], row["pmax"], 0, 0])
+        nodes[row["pnode"]] = [n + row["pn"], min(low, row["pmin"]), max(high, row["pmax"]),
+                               plain + row["psum"], mixed + row["phash"]]
+    crowded = set()
+    for node, (n, low, high, plain, mixed) in nodes.items():
+        if (n != high - low + 1 or plain % WORD != (low + high) * n // 2 % WORD
+                or mixed % WORD != _range_hash(low, high)):
+            crowded.add(node)
+    return crowded
 
 
 def read(spark: Any, paths: list[str], listed: int = fmt.INVALID_LISTED,
@@ -128,7 +219,8 @@ def read(spark: Any, paths: list[str], listed: int = fmt.INVALID_LISTED,
     ``file_line`` for JSONL), and what was invalid. Raises ``inputs.InputError``.
 
     ``summary`` (Parquet only: a JSONL line's ``line`` is numbered after the split) maps the judged events to an
-    aggregation with a ``reason`` and a count ``n`` column; it then replaces the count per reason, in the same job,
+    aggregation with a ``reason`` and a count ``n`` column, grouped by `position_key` too and carrying
+    `position_aggregates`; it then replaces the count per reason and the count of shared positions, in the same job,
     and its rows with a null reason are ``Loaded.summary``.
     """
     trace = locate(paths, HadoopFS(spark))
@@ -140,8 +232,15 @@ def read(spark: Any, paths: list[str], listed: int = fmt.INVALID_LISTED,
     if trace.is_jsonl:
         valid, loaded = _split(_jsonl(spark, trace), ["fi", "n"], listed, trace)
         return number_lines(valid), loaded
-    plain, judged = _parquet(spark, trace)
-    return _split(judged, ["node", "line"], listed, trace, plain, summary)
+    frame = _parquet_frame(spark, trace)
+    if summary is None:
+        return _split(_judged(frame, _shared_positions(frame)), ["node", "line"], listed, trace, frame)
+    valid, loaded = _split(_judged(frame, None), ["node", "line"], listed, trace, frame, summary)
+    crowded = crowded_nodes(loaded.every)
+    shared = _shared_positions(frame.filter(frame.node.isin(sorted(crowded)))) if crowded else None
+    if shared is None:
+        return valid, loaded
+    return _split(_judged(frame, shared), ["node", "line"], listed, trace, frame, summary)
 
 
 def _split(judged: Any, order: list[str], listed: int, trace: Trace, plain: Any = None,
@@ -156,12 +255,12 @@ def _split(judged: Any, order: list[str], listed: int, trace: Trace, plain: Any 
         # generated code ran a 2g driver out of heap)
         judged = judged.localCheckpoint()
     bad = judged.filter(F.col("reason").isNotNull())
-    rows = None
+    rows = every = None
     if summary is None:
         counts = {r["reason"]: r["n"] for r in bad.groupBy("reason").agg(F.count(F.lit(1)).alias("n")).collect()}
     else:
-        rows, counts = [], {}
-        for r in summary(judged).collect():
+        rows, counts, every = [], {}, summary(judged).collect()
+        for r in every:
             if r["reason"] is None:
                 rows.append(r)
             else:
@@ -171,12 +270,12 @@ def _split(judged: Any, order: list[str], listed: int, trace: Trace, plain: Any 
         invalid = [{"where": r["where"], "reason": r["reason"], "message": _message(r.asDict())} for r in
                    bad.orderBy(*[F.col(c).asc_nulls_first() for c in order]).limit(listed).collect()]
     if not counts and plain is not None:
-        return plain, Loaded(trace, invalid, counts, rows)
+        return plain, Loaded(trace, invalid, counts, rows, every)
     valid = judged.filter(F.col("reason").isNull()) if counts else judged
     valid = valid.drop("reason", "message", "where")
     if counts and plain is not None:  # a Parquet trace's tolerated invalid rows: its valid rows judged once more, kept
         valid = valid.localCheckpoint()
-    return valid, Loaded(trace, invalid, counts, rows)
+    return valid, Loaded(trace, invalid, counts, rows, every)
 
 
 def _message(row: dict[str, Any]) -> str:
@@ -205,31 +304,34 @@ def _message(row: dict[str, Any]) -> str:
     return v.explain(event) or v.REASONS[reason]
 
 
-def _parquet(spark: Any, trace: Trace) -> tuple[Any, Any]:
-    from pyspark.sql import functions as F
-
+def _parquet_frame(spark: Any, trace: Trace) -> Any:
     from .spark import spark_schema
 
     _check_footers(spark, trace.parquet_files)
     # one scan of every file: a union of one scan per dataset would get a copy of the validity expression per
     # dataset (Catalyst pushes projections into a union's branches), each compiled on its own -- 33 datasets took
     # minutes. Files named one by one have no partition columns to discover (their directories are the base paths).
-    frame = spark.read.schema(spark_schema()).parquet(*map(exact, trace.parquet_files)).select(*fmt.COLUMNS)
+    return spark.read.schema(spark_schema()).parquet(*map(exact, trace.parquet_files)).select(*fmt.COLUMNS)
+
+
+def _judged(frame: Any, shared: Any) -> Any:
+    """The Parquet rows of ``frame`` with their ``reason`` (null when valid), ``message`` and ``where``; ``shared``:
+    the positions more than one row holds (`_shared_positions`), or None."""
+    from pyspark.sql import functions as F
+
     d = SparkDialect()
     renderer = v.Renderer(d, v.ParquetAccess(d))
     tree = v.compile_event().tree
     layout = F.col("line").isNull() | (F.col("line") < 0)
     rows = frame
-    shared = _shared_positions(frame)
     if shared is not None:  # rare: their rows are marked by a join, kept out of the plain trace's plans
         rows = frame.join(shared, ["node", "line"], "left").select(*fmt.COLUMNS, "shared")
         layout = layout | F.col("shared").isNotNull()
     reason = F.when(layout, "layout").when(~F.expr(renderer.valid(tree)), "schema")
     where = F.concat(F.coalesce(F.col("node"), F.lit("null")), F.lit("@line "),
                      F.coalesce(F.col("line").cast("string"), F.lit("null")))
-    judged = rows.select(*fmt.COLUMNS, reason.alias("reason"), F.lit(None).cast("string").alias("message"),
-                         where.alias("where"))
-    return frame, judged
+    return rows.select(*fmt.COLUMNS, reason.alias("reason"), F.lit(None).cast("string").alias("message"),
+                       where.alias("where"))
 
 
 #: the most shared positions ``_shared_positions`` broadcasts (more are joined by a shuffle)
@@ -237,12 +339,12 @@ SHARED_BROADCAST = 100_000
 
 
 def _shared_positions(frame: Any) -> Any:
-    """The (node, line) positions more than one row holds, with a ``shared`` column, or None when there are none.
-    One small job before the read's own: an aggregation over the two columns of every file (a node's rows span
-    files and datasets), kept (``localCheckpoint``); a row with a null node or a null or negative line holds none."""
+    """The (node, line) positions more than one row of ``frame`` holds, with a ``shared`` column, or None when there
+    are none. One small job: an aggregation over the two columns of every file (a node's rows span files and
+    datasets), kept (``localCheckpoint``); a row with a null node or a null or negative line holds none."""
     from pyspark.sql import functions as F
 
-    shared = (frame.select("node", "line").filter(F.col("node").isNotNull() & (F.col("line") >= 0))
+    shared = (frame.select("node", "line").filter(_holds_position())
               .groupBy("node", "line").agg(F.count(F.lit(1)).alias("n")).filter(F.col("n") > 1)
               .select("node", "line", F.lit(True).alias("shared")).localCheckpoint())
     count = shared.count()

@@ -168,12 +168,18 @@ def _shared_line_cases(root: Path, rows: list[dict]) -> dict[str, tuple[Path, li
     ends = {max(n for n, r in enumerate(rows) if r["node"] == node): {"line": 1000}
             for node in ("broker", "daemon-04f40bdd6421836c")}
     nameless = changed({i: {"node": None}, j: {"node": None, "line": line}})
+    # the line above and below one row's, moved onto it: the node's count, range and sum of lines are unchanged
+    at = {r["line"]: n for n, r in enumerate(rows) if r["node"] == "daemon-04f40bdd6421836c"}
+    middle = rows[daemon[10]]["line"]
+    kept = changed({at[middle - 1]: {"line": middle}, at[middle + 1]: {"line": middle}})
     return {
         "shared_line_one_file": (write("shared_line_one_file", [one]), [(shared, "layout")] * 2),
         "shared_line_two_files": (write("shared_line_two_files", [one[:j] + one[j + 1:], [one[j]]]),
                                   [(shared, "layout")] * 2),
         "line_held_three_times": (write("line_held_three_times", [three[:k], three[k:]]), [(shared, "layout")] * 3),
         "another_nodes_line": (write("another_nodes_line", [changed(ends)]), []),
+        "sum_kept_three_times": (write("sum_kept_three_times", [kept]),
+                                 [(f"daemon-04f40bdd6421836c@line {middle}", "layout")] * 3),
         "nameless_rows_one_line": (write("nameless_rows_one_line", [nameless]), [(f"null@line {line}", "schema")] * 2),
     }
 
@@ -304,6 +310,43 @@ def test_file_uris_and_trace_directories(tmp_path: Path, engine: str):
 
 
 # --- Spark -------------------------------------------------------------------------------------------------------
+
+def _position_rows(nodes: dict[str, list[int]]) -> list[dict]:
+    """``position_aggregates``' rows for nodes' lines, one row per line (as if each were a group of its own)."""
+    from spark_checks import _spark_input
+
+    return [{"pnode": node, "pn": 1, "pmin": x, "pmax": x, "psum": x, "phash": _spark_input._range_hash(x, x)}
+            for node, lines in nodes.items() for x in lines]
+
+
+def test_a_node_is_crowded_exactly_when_its_lines_are_not_their_range_once():
+    import random
+
+    from spark_checks._spark_input import crowded_nodes
+
+    pick = random.Random(5)
+    for _ in range(400):
+        low, size = pick.choice([0, 1, 7, 1 << 40]), pick.randint(1, 12)
+        lines = list(range(low, low + size))
+        for _ in range(pick.randint(0, 3)):  # duplicate, drop or move lines, sums kept or not
+            k = pick.randrange(len(lines))
+            lines[k] = pick.choice([lines[pick.randrange(len(lines))], max(0, lines[k] + pick.randint(-2, 2))])
+        want = {"n"} if sorted(lines) != list(range(min(lines), max(lines) + 1)) else set()
+        assert crowded_nodes(_position_rows({"n": lines, "other": [3, 4, 5]})) == want, lines
+    # sums kept by moving the lines above and below onto the middle: only the mixed sum differs
+    assert crowded_nodes(_position_rows({"n": [0, 2, 2, 2, 4]})) == {"n"}
+
+
+@pytest.mark.spark
+def test_spark_mixes_lines_as_the_driver_does(spark):
+    from pyspark.sql import functions as F
+
+    from spark_checks import _spark_input
+
+    for low, high in ((0, 1000), (1 << 43, (1 << 43) + 5000)):
+        got = spark.range(low, high + 1).select(F.sum(_spark_input._mix(F.col("id"))).alias("h")).first()["h"]
+        assert got % _spark_input.WORD == _spark_input._range_hash(low, high)
+
 
 @pytest.mark.spark
 def test_spark_reports_every_malformed_line_in_one_read(spark):
