@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import sys
 import traceback
 from collections.abc import Callable
@@ -84,12 +85,30 @@ DURATION_MS = bounded(0, 2**31 - 1, "a duration in milliseconds")
 ENGINES = ("spark", "oracle", "duckdb")
 
 
+#: Spark settings an option of ``meshtrace check`` owns: given with ``--conf`` they would undo what the check
+#: derives from the option (a local master's loopback driver, or the driver address a remote master needs)
+OPTION_SETTINGS = {"spark.master": "--master", "spark.driver.memory": "--driver-memory",
+                   "spark.driver.host": "--driver-host", "spark.driver.bindAddress": "--driver-bind-address"}
+#: a JVM heap size, as Spark's memory settings take it: a number of bytes, or of kibi- to pebibytes
+MEMORY = re.compile(r"[0-9]+[kmgtp]?b?", re.IGNORECASE)
+
+
 def spark_setting(text: str) -> tuple[str, str]:
-    """An argparse type: ``KEY=VALUE``, a Spark setting (``spark.hadoop.KEY`` for Hadoop's)."""
+    """An argparse type: ``KEY=VALUE``, a Spark setting (``spark.hadoop.KEY`` for Hadoop's), not one an option
+    owns."""
     key, equals, value = text.partition("=")
     if not equals or not key.strip() or key != key.strip():
         raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    if key in OPTION_SETTINGS:
+        raise argparse.ArgumentTypeError(f"{key} is set with {OPTION_SETTINGS[key]}, not --conf")
     return key, value
+
+
+def memory_size(text: str) -> str:
+    """An argparse type: a JVM heap size (``6g``, ``512m``)."""
+    if not MEMORY.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a heap size (a number with k, m, g, t or p: 6g, 512m)")
+    return text
 
 
 def add_check_arguments(check: argparse.ArgumentParser, engines: tuple[str, ...]) -> None:
@@ -112,7 +131,7 @@ def add_check_arguments(check: argparse.ArgumentParser, engines: tuple[str, ...]
     check.add_argument("--conf", type=spark_setting, action="append", default=[], metavar="KEY=VALUE",
                        help="Spark: a setting for the session, applied last (repeatable); Hadoop's as "
                             "spark.hadoop.KEY, e.g. spark.hadoop.fs.s3a.endpoint=…")
-    check.add_argument("--driver-memory", default=None,
+    check.add_argument("--driver-memory", default=None, type=memory_size,
                        help="Spark driver heap (default 6g for a local session, 2g for another master)")
     check.add_argument("--driver-host", default=None,
                        help="Spark, a master on another machine: the address its executors connect back to this "
@@ -307,6 +326,43 @@ def _report_clash(report: str, paths: list[str]) -> str | None:
     return None
 
 
+#: the longest a session without the --conf settings may take to start, when telling whether they stopped one
+PROBE_TIMEOUT_S = 120
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first line of what ``exc`` says; of a JVM exception, the Java exception's (py4j's own first line only
+    names the call)."""
+    java = getattr(exc, "java_exception", None)
+    try:
+        text = str(java.toString()) if java is not None else str(exc)
+    except Exception:  # the JVM is gone
+        text = str(exc)
+    return text.strip().splitlines()[0] if text.strip() else ""
+
+
+def _refused(exc: Exception, master: str | None, args: argparse.Namespace) -> bool:
+    """Whether Spark failed to start because of ``--conf``: a value Spark's own check refused, or a session that
+    starts with every other option and without those settings -- in a process of its own (this one's session
+    builder keeps the settings), on this failure only."""
+    import subprocess
+
+    from pyspark.errors import IllegalArgumentException
+
+    if isinstance(exc, IllegalArgumentException):
+        return True
+    options = {"master": master, "driver_memory": args.driver_memory, "driver_host": args.driver_host,
+               "driver_bind_address": args.driver_bind_address}
+    probe = ("from spark_checks.session import build_session; "
+             f"build_session(**{options!r}).stop()")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        return subprocess.run([sys.executable, "-c", probe], cwd=root, capture_output=True,
+                              timeout=PROBE_TIMEOUT_S).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
+
+
 def _run_check(args: argparse.Namespace):
     """The engine's report and a function writing a text to a path or URI (Hadoop's filesystems for Spark)."""
     from .inputs import write_local
@@ -324,6 +380,11 @@ def _run_check(args: argparse.Namespace):
                                   expected_events=estimated_events(args.paths))
         except DriverUnreachable as exc:
             raise InputError(str(exc)) from None
+        except Exception as exc:  # a setting of --conf refused, or a Spark that does not start at all (exit 3)
+            if args.conf and _refused(exc, master, args):
+                raise InputError(f"Spark does not start with the --conf settings given "
+                                 f"({type(exc).__name__}: {_first_line(exc)}); it starts without them") from None
+            raise
         report = SparkChecker(spark, chunk=args.chunk or DEFAULT_CHUNK, redelivery_grace_ms=args.redelivery_grace_ms,
                               limit=args.limit, ack_timeout_ms=args.ack_timeout_ms,
                               ack_grace_ms=args.ack_grace_ms, hook_timeout_ms=args.hook_timeout_ms,

@@ -366,7 +366,7 @@ def estimated_events(arguments: Iterable[str]) -> int | None:
         trace = locate(arguments, LocalFS("estimate"))
         events = sum(os.path.getsize(f.location) // JSONL_BYTES_PER_EVENT for f in trace.jsonl)
         return events + sum(pq.read_metadata(path).num_rows for path in trace.parquet_files)
-    except (InputError, OSError, pa.ArrowException):
+    except (InputError, OSError, ValueError, pa.ArrowException):  # ValueError: a NUL in a path, Arrow's invalid data
         return None
 
 

@@ -147,3 +147,37 @@ def test_a_run_that_fails_exits_3_not_1(tmp_path: Path, capsys, monkeypatch):
     assert meshtrace(["check", str(trace), "--engine", "oracle"]) == 3
     err = capsys.readouterr().err
     assert "meshtrace check: the run failed (RuntimeError: the engine stopped); this is no verdict" in err
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--conf", "spark.master=local[1]"], "argument --conf: spark.master is set with --master, not --conf"),
+    (["--conf", "spark.driver.memory=1g"], "spark.driver.memory is set with --driver-memory, not --conf"),
+    (["--conf", "spark.driver.host=10.0.0.1"], "spark.driver.host is set with --driver-host, not --conf"),
+    (["--conf", "spark.driver.bindAddress=0.0.0.0"], "is set with --driver-bind-address, not --conf"),
+    (["--driver-memory", "lots"], "argument --driver-memory: 'lots' is not a heap size"),
+    (["--driver-memory", "6 g"], "argument --driver-memory: '6 g' is not a heap size"),
+])
+def test_settings_an_option_owns_and_a_bad_heap_size_are_usage_errors(argv: list[str], says: str, tmp_path: Path,
+                                                                       capsys):
+    with pytest.raises(SystemExit) as exited:
+        meshtrace(["check", str(tmp_path), "--engine", "spark", *argv])
+    assert exited.value.code == 2
+    assert says in capsys.readouterr().err
+
+
+@pytest.mark.spark
+def test_a_setting_spark_refuses_exits_2_naming_it(tmp_path: Path):
+    """A --conf value Spark's own check refuses, or one its JVM fails to start with, is a usage error; Spark is
+    started again without the settings (in a process of its own) to tell it from a Spark that starts at all."""
+    trace, _ = make_trace(tmp_path, "t", seed=25, events=300, daemons=2)
+    for setting, says in (("spark.sql.shuffle.partitions=abc", "The value 'abc' in the config "
+                                                                '"spark.sql.shuffle.partitions" is invalid'),
+                          ("spark.network.timeout=soon", "The value 'soon' in the config \"spark.network.timeout\" is "
+                                                          "invalid")):
+        done = subprocess.run([sys.executable, "-m", "spark_checks.cli", "check", str(trace), "--conf", setting,
+                               "--master", "local[1]"], capture_output=True, text=True, timeout=600,
+                              cwd=Path(__file__).resolve().parents[2])
+        assert done.returncode == 2, done.stderr[-3000:]
+        assert "meshtrace check: Spark does not start with the --conf settings given" in done.stderr
+        assert says in done.stderr, done.stderr[-3000:]
+        assert "it starts without them" in done.stderr and "Traceback" not in done.stderr
