@@ -142,15 +142,24 @@ def _parquet(con: Any, trace: Trace, listed: int) -> Loaded:
         raise
 
 
-def read_parquet(con: Any, statement: str) -> None:
-    """Run a statement that only reads the trace's Parquet files: DuckDB's error there (a corrupt page behind an
-    intact footer) is about the input, an ``InputError``, as the other engines report it."""
+def read_parquet(con: Any, statement: str, files: list[tuple[str, str]]) -> None:
+    """Run a statement that only reads the trace's Parquet ``files`` ((link, name) pairs): DuckDB's error there (a
+    corrupt page behind an intact footer) is about the input, an ``InputError`` naming the file, as the other
+    engines report it. DuckDB's message does not say which file: on this failure each is read whole, alone, until
+    one fails."""
     import duckdb
 
     try:
         con.execute(statement)
     except duckdb.Error as exc:
-        raise InputError(f"not a readable Parquet file ({str(exc).splitlines()[0]})") from None
+        said = str(exc).splitlines()[0]
+        for link, name in files:
+            try:
+                con.execute(f"CREATE TEMP TABLE unreadable AS SELECT * FROM read_parquet({lit(link)})")
+                con.execute("DROP TABLE unreadable")
+            except duckdb.Error as alone:
+                raise InputError(f"{name}: not a readable Parquet file ({str(alone).splitlines()[0]})") from None
+        raise InputError(f"not a readable Parquet file ({said})") from None
 
 
 def _parquet_view(con: Any, trace: Trace, listed: int, directory: str, links: list[str]) -> Loaded:
@@ -161,8 +170,9 @@ def _parquet_view(con: Any, trace: Trace, listed: int, directory: str, links: li
     tree = v.compile_event().tree
     # the positions more than one row holds, over every file (a node's rows span files and datasets): all their rows
     # are ``layout``; with none (the rule) the judging is the plain rules
+    named = list(zip(links, trace.parquet_files, strict=True))
     read_parquet(con, "CREATE TEMP TABLE shared AS SELECT node, line FROM ev_all WHERE node IS NOT NULL AND line >= 0 "
-                      "GROUP BY node, line HAVING count(*) > 1")
+                      "GROUP BY node, line HAVING count(*) > 1", named)
     unplaced = "line IS NULL OR line < 0"
     if con.execute("SELECT count(*) FROM shared").fetchone()[0]:
         unplaced += " OR EXISTS (SELECT 1 FROM shared s WHERE s.node = ev_all.node AND s.line = ev_all.line)"
@@ -173,7 +183,7 @@ def _parquet_view(con: Any, trace: Trace, listed: int, directory: str, links: li
                f"ELSE {renderer.explain(tree)} END")
     read_parquet(con, f"CREATE TEMP TABLE bad AS SELECT coalesce(node, 'null') || '@line ' || "
                       f"coalesce(CAST(line AS VARCHAR), 'null') AS \"where\", {reason} AS reason, "
-                      f"{message} AS message, node, line FROM ev_all WHERE NOT {valid}")
+                      f"{message} AS message, node, line FROM ev_all WHERE NOT {valid}", named)
     reasons = dict(con.execute("SELECT reason, count(*) FROM bad GROUP BY reason").fetchall())
     invalid = [{"where": w, "reason": r, "message": m} for w, r, m in con.execute(
         f"SELECT \"where\", reason, message FROM bad ORDER BY node NULLS FIRST, line NULLS FIRST LIMIT {listed}"
