@@ -16,11 +16,12 @@ Theory of operation (DataFrame operations only, no Python UDFs):
 * Parquet: every file's footer is read on the driver and its columns compared with ``format.FLAT_SCHEMA``; the rows
   are then judged by the tree rendered over their typed columns (``validity.ParquetAccess``). The (node, line)
   positions two rows hold are ``layout``. Found by a caller's aggregation (``summary``), in the same pass: per node,
-  the count, least and greatest line and two sums over the lines (`POSITION_AGGREGATES`). A node whose lines hold no
-  position twice is a node whose count is its range and whose sums are the range's (`crowded_nodes`); a node where
-  any of that fails -- a duplicated line, or only a gap -- has its positions counted exactly, by one aggregation over
-  the two columns of its rows (``_shared_positions``), and only when some are shared is the trace judged again with
-  them joined. Without a caller's aggregation that exact count runs for every node first.
+  the count, least and greatest line and three sums over the lines (`position_aggregates`). A node whose lines hold no
+  position twice is a node whose count is its span and whose sums are the span's, two of them salted by the run
+  (`crowded_nodes`); a node where any of that fails -- a duplicated line, or only a gap -- has its positions counted
+  exactly, by one aggregation over the two columns of its rows (``_shared_positions``; of every row when more than
+  `CROWDED_NAMED` nodes fail), and only when some are shared is the trace judged again with them joined. Without a
+  caller's aggregation that exact count runs for every node first.
 * Invalid events are counted by reason and the first ``INVALID_LISTED`` fetched, in one small job (a caller's own
   aggregation of a Parquet trace -- the Spark checks' statistics -- can take the count's place in it); the checks then
   read the valid events only: with nothing invalid, a Parquet trace's files as they are, with no validity expression
@@ -30,6 +31,7 @@ Theory of operation (DataFrame operations only, no Python UDFs):
 from __future__ import annotations
 
 import re
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -128,35 +130,42 @@ class Loaded:
     every: list[Any] | None = None
 
 
-#: splitmix64's finalizer (Steele, Lea and Flood 2014): a bijection of 64-bit words whose sum over a node's lines
-#: a duplicated position changes, unless a gap cancels both it and the plain sum of the lines
+#: splitmix64's finalizer (Steele, Lea and Flood 2014), a bijection of 64-bit words, over a line plus a salt
 MIX_ADD, MIX_1, MIX_2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 WORD = 1 << 64
+#: two salts drawn for each run: a trace is written before its check draws them, so no trace can be made to cancel
+#: the mixed sums (unsalted, a lattice reduction finds moved lines that keep one in 0.2 s)
+SALTS = (secrets.randbits(64), secrets.randbits(64))
 #: lines hashed at once on the driver (`_range_hash`): 32 MB of 64-bit words
 RANGE_CHUNK = 1 << 22
+#: the most crowded nodes the exact count is limited to by name; with more it counts every node's positions
+CROWDED_NAMED = 1000
 
 
 def _signed(value: int) -> int:
     return value - WORD if value >= WORD >> 1 else value
 
 
-def _mix(column: Any) -> Any:
-    """splitmix64's finalizer of a long column (Spark's long arithmetic wraps: ANSI mode is off, session.SQL_CONF)."""
+def _mix(column: Any, salt: int) -> Any:
+    """splitmix64's finalizer of a long column plus ``salt`` (Spark's long arithmetic wraps: ANSI mode is off,
+    session.SQL_CONF)."""
     from pyspark.sql import functions as F
 
-    z = column.cast("long") + F.lit(_signed(MIX_ADD))
+    z = column.cast("long") + F.lit(_signed((salt + MIX_ADD) % WORD))
     z = z.bitwiseXOR(F.shiftrightunsigned(z, 30)) * F.lit(_signed(MIX_1))
     z = z.bitwiseXOR(F.shiftrightunsigned(z, 27)) * F.lit(_signed(MIX_2))
     return z.bitwiseXOR(F.shiftrightunsigned(z, 31))
 
 
-def _range_hash(low: int, high: int) -> int:
-    """The sum of `_mix` over low..high, modulo 2**64 (numpy's unsigned arithmetic wraps as Spark's does)."""
+def _range_hash(low: int, high: int, salt: int) -> int:
+    """The sum of `_mix` with ``salt`` over low..high, modulo 2**64 (numpy's unsigned arithmetic wraps as Spark's
+    does)."""
     import numpy as np
 
     total = 0
     for start in range(low, high + 1, RANGE_CHUNK):
-        z = np.arange(start, min(high + 1, start + RANGE_CHUNK), dtype=np.uint64) + np.uint64(MIX_ADD)
+        z = (np.arange(start, min(high + 1, start + RANGE_CHUNK), dtype=np.uint64)
+             + np.uint64((salt + MIX_ADD) % WORD))
         z = (z ^ (z >> np.uint64(30))) * np.uint64(MIX_1)
         z = (z ^ (z >> np.uint64(27))) * np.uint64(MIX_2)
         total += int((z ^ (z >> np.uint64(31))).sum(dtype=np.uint64))
@@ -183,32 +192,36 @@ def position_aggregates(inner: bool) -> list[Any]:
     aggregation, over the inner one's groups."""
     from pyspark.sql import functions as F
 
+    mixed = [f"phash{k}" for k in range(len(SALTS))]
     if inner:
         held = _holds_position()
         line = F.when(held, F.col("line"))
         return [F.count(line).alias("pn"), F.min(line).alias("pmin"), F.max(line).alias("pmax"),
-                F.sum(line).alias("psum"), F.sum(F.when(held, _mix(F.col("line")))).alias("phash")]
+                F.sum(line).alias("psum"),
+                *[F.sum(F.when(held, _mix(F.col("line"), salt))).alias(name)
+                  for salt, name in zip(SALTS, mixed, strict=True)]]
     return [F.sum("pn").alias("pn"), F.min("pmin").alias("pmin"), F.max("pmax").alias("pmax"),
-            F.sum("psum").alias("psum"), F.sum("phash").alias("phash")]
+            F.sum("psum").alias("psum"), *[F.sum(name).alias(name) for name in mixed]]
 
 
 def crowded_nodes(rows: list[Any]) -> set[str]:
     """The nodes whose positions may be held twice, from the rows of `position_aggregates`: a node's lines hold each
-    position once when they number as many as their range, and their plain sum and `_mix` sum (modulo 2**64) are
-    the range's. A duplicated line with no gap changes the count; with gaps, the sums too, but for a gap each sum
-    misses by exactly what the duplicates add -- for the mixed sum, one chance in 2**64 -- so a node that passes
-    holds no position twice."""
+    position once when they number as many as their span, and their plain sum and their two salted `_mix` sums
+    (modulo 2**64) are the span's. A duplicated line with no gap changes the count; with gaps, the sums must miss by
+    exactly what the duplicates add, which for the plain sum a trace can be made to do, and for a mixed sum whose
+    salt was drawn after the trace was written happens once in 2**64 -- for both, once in 2**128 -- so a node that
+    passes holds no position twice."""
     nodes: dict[str, list[int]] = {}
     for row in rows:
         if row["pnode"] is None or not row["pn"]:
             continue
-        n, low, high, plain, mixed = nodes.setdefault(row["pnode"], [0, row["pmin"], row["pmax"], 0, 0])
-        nodes[row["pnode"]] = [n + row["pn"], min(low, row["pmin"]), max(high, row["pmax"]),
-                               plain + row["psum"], mixed + row["phash"]]
+        n, low, high, plain, *mixed = nodes.setdefault(row["pnode"], [0, row["pmin"], row["pmax"], 0, 0, 0])
+        nodes[row["pnode"]] = [n + row["pn"], min(low, row["pmin"]), max(high, row["pmax"]), plain + row["psum"],
+                               *[m + row[f"phash{k}"] for k, m in enumerate(mixed)]]
     crowded = set()
-    for node, (n, low, high, plain, mixed) in nodes.items():
+    for node, (n, low, high, plain, *mixed) in nodes.items():
         if (n != high - low + 1 or plain % WORD != (low + high) * n // 2 % WORD
-                or mixed % WORD != _range_hash(low, high)):
+                or any(m % WORD != _range_hash(low, high, salt) for m, salt in zip(mixed, SALTS, strict=True))):
             crowded.add(node)
     return crowded
 
@@ -237,7 +250,10 @@ def read(spark: Any, paths: list[str], listed: int = fmt.INVALID_LISTED,
         return _split(_judged(frame, _shared_positions(frame)), ["node", "line"], listed, trace, frame)
     valid, loaded = _split(_judged(frame, None), ["node", "line"], listed, trace, frame, summary)
     crowded = crowded_nodes(loaded.every)
-    shared = _shared_positions(frame.filter(frame.node.isin(sorted(crowded)))) if crowded else None
+    if len(crowded) > CROWDED_NAMED:  # a filter naming them all would cost more to build than it saves
+        shared = _shared_positions(frame)
+    else:
+        shared = _shared_positions(frame.filter(frame.node.isin(sorted(crowded)))) if crowded else None
     if shared is None:
         return valid, loaded
     return _split(_judged(frame, shared), ["node", "line"], listed, trace, frame, summary)

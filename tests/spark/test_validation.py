@@ -315,8 +315,17 @@ def _position_rows(nodes: dict[str, list[int]]) -> list[dict]:
     """``position_aggregates``' rows for nodes' lines, one row per line (as if each were a group of its own)."""
     from spark_checks import _spark_input
 
-    return [{"pnode": node, "pn": 1, "pmin": x, "pmax": x, "psum": x, "phash": _spark_input._range_hash(x, x)}
+    return [{"pnode": node, "pn": 1, "pmin": x, "pmax": x, "psum": x,
+             **{f"phash{k}": _spark_input._range_hash(x, x, salt) for k, salt in enumerate(_spark_input.SALTS)}}
             for node, lines in nodes.items() for x in lines]
+
+
+#: a hostile pass's lines (node broker-m3-0001 of ``meshtrace generate --events 2000 --seed 3``, lines 0..372): the
+#: rows at the -1 lines moved onto the others, found by lattice reduction to keep the count, the span, the plain sum
+#: and an unsalted splitmix64 sum -- 15 lines held 2-4 times
+LATTICE_MOVES = {2: 2, 3: 1, 4: -1, 7: -1, 8: -1, 10: -1, 11: 1, 12: -1, 13: 1, 14: -1, 16: -1, 18: 1, 20: -1, 22: 1,
+                 23: 1, 24: -1, 26: -1, 27: 1, 28: 1, 30: 1, 34: -1, 36: -1, 37: -1, 38: 3, 39: 1, 42: -1, 43: -1,
+                 45: 1, 46: -1, 50: 1, 51: -1, 55: -1, 58: 1}
 
 
 def test_a_node_is_crowded_exactly_when_its_lines_are_not_their_range_once():
@@ -333,8 +342,29 @@ def test_a_node_is_crowded_exactly_when_its_lines_are_not_their_range_once():
             lines[k] = pick.choice([lines[pick.randrange(len(lines))], max(0, lines[k] + pick.randint(-2, 2))])
         want = {"n"} if sorted(lines) != list(range(min(lines), max(lines) + 1)) else set()
         assert crowded_nodes(_position_rows({"n": lines, "other": [3, 4, 5]})) == want, lines
-    # sums kept by moving the lines above and below onto the middle: only the mixed sum differs
+    # sums kept by moving the lines above and below onto the middle: only the mixed sums differ
     assert crowded_nodes(_position_rows({"n": [0, 2, 2, 2, 4]})) == {"n"}
+    moved = [x for x in range(373) if LATTICE_MOVES.get(x) != -1]
+    moved += [x for x, k in LATTICE_MOVES.items() if k > 0 for _ in range(k)]
+    assert (len(moved), sum(moved)) == (373, sum(range(373))) and max(moved) == 372
+    assert crowded_nodes(_position_rows({"n": moved})) == {"n"}
+
+
+def test_the_mixed_sums_are_salted_by_each_run():
+    """Unsalted, the lattice moves above cancel the mixed sum: a trace could be written to pass; each run draws
+    its salts after the trace is written."""
+    import subprocess
+    import sys
+
+    from spark_checks import _spark_input
+
+    mix = _spark_input._range_hash
+    unsalted = [x for x in range(373) if LATTICE_MOVES.get(x) != -1]
+    unsalted += [x for x, k in LATTICE_MOVES.items() if k > 0 for _ in range(k)]
+    assert sum(mix(x, x, 0) for x in unsalted) % _spark_input.WORD == mix(0, 372, 0)
+    drawn = {subprocess.run([sys.executable, "-c", "from spark_checks._spark_input import SALTS; print(SALTS)"],
+                            capture_output=True, text=True, check=True).stdout for _ in range(2)}
+    assert len(drawn) == 2
 
 
 @pytest.mark.spark
@@ -343,9 +373,10 @@ def test_spark_mixes_lines_as_the_driver_does(spark):
 
     from spark_checks import _spark_input
 
-    for low, high in ((0, 1000), (1 << 43, (1 << 43) + 5000)):
-        got = spark.range(low, high + 1).select(F.sum(_spark_input._mix(F.col("id"))).alias("h")).first()["h"]
-        assert got % _spark_input.WORD == _spark_input._range_hash(low, high)
+    for low, high in ((0, 1000), (1 << 43, (1 << 43) + 5000), ((1 << 63) - 3000, (1 << 63) - 2)):
+        for salt in (*_spark_input.SALTS, 0, _spark_input.WORD - 1):
+            got = spark.range(low, high + 1).select(F.sum(_spark_input._mix(F.col("id"), salt)).alias("h")).first()
+            assert got["h"] % _spark_input.WORD == _spark_input._range_hash(low, high, salt)
 
 
 @pytest.mark.spark
