@@ -209,8 +209,8 @@ def crowded_nodes(rows: list[Any]) -> set[str]:
     position once when they number as many as their span, and their plain sum and their two salted `_mix` sums
     (modulo 2**64) are the span's. A duplicated line with no gap changes the count; with gaps, the sums must miss by
     exactly what the duplicates add, which for the plain sum a trace can be made to do, and for a mixed sum whose
-    salt was drawn after the trace was written happens once in 2**64 -- for both, once in 2**128 -- so a node that
-    passes holds no position twice."""
+    salt was drawn after the trace was written happens about once in 2**64 -- for both, once in 2**128, a heuristic
+    figure: splitmix64 is a mixer, not a proven hash family -- so a node that passes holds no position twice."""
     nodes: dict[str, list[int]] = {}
     for row in rows:
         if row["pnode"] is None or not row["pn"]:
