@@ -145,7 +145,8 @@ class Sink:
             directory = self.root / f"bucket={bucket:02d}"
             directory.mkdir(parents=True, exist_ok=True)
             path = directory / f"part-w{self.worker:03d}-{index:04d}.parquet"
-            writer = self.writers[bucket] = pq.ParquetWriter(path, FLAT_SCHEMA, compression="zstd",
+            # absolute: Arrow reads a relative name whose first part holds ':' (d:1/...) as a URI
+            writer = self.writers[bucket] = pq.ParquetWriter(str(path.absolute()), FLAT_SCHEMA, compression="zstd",
                                                              compression_level=1, use_dictionary=DICTIONARY)
             self.file_rows[bucket] = 0
         writer.write_table(table, row_group_size=table.num_rows)

@@ -259,7 +259,8 @@ def write_dataset(table: pa.Table, root: Path, buckets: int = DEFAULT_BUCKETS, p
     for bucket, indices in sorted(by_bucket.items()):
         directory = root / f"bucket={bucket:02d}"
         directory.mkdir(parents=True, exist_ok=True)
-        pq.write_table(table.take(pa.array(indices)), directory / f"{prefix}-0.parquet", compression="zstd")
+        pq.write_table(table.take(pa.array(indices)), str((directory / f"{prefix}-0.parquet").absolute()),
+                       compression="zstd")  # absolute: Arrow reads a relative d:1/... as a URI
 
 
 def convert_jsonl(files: list[Path | str | JsonlFile], root: Path, buckets: int = DEFAULT_BUCKETS,

@@ -230,6 +230,10 @@ def locate(arguments: Iterable[str], fs: LocalFS | HadoopFS) -> Trace:
 
     for argument in arguments:
         argument = str(argument)
+        scheme, _, rest = argument.partition(":")
+        if has_scheme(argument) and not rest.startswith("/") and os.path.lexists(argument):
+            raise InputError(f"{argument}: read as a URI of scheme {scheme!r}, yet a local path of that name exists; "
+                             f"a local path whose first part holds ':' is written ./{argument}")
         if not fs.exists(argument):
             raise InputError(f"no such file or directory: {argument}")
         if not fs.is_dir(argument):

@@ -183,3 +183,24 @@ def test_a_setting_spark_refuses_exits_2_naming_it(tmp_path: Path):
         assert "meshtrace check: Spark does not start with the --conf settings given" in done.stderr
         assert says in done.stderr, done.stderr[-3000:]
         assert "it starts without them" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("engine", [*ENGINES, pytest.param("spark", marks=pytest.mark.spark)])
+def test_a_local_name_read_as_a_uri_scheme_says_how_to_name_it(engine: str, request, tmp_path: Path, capsys,
+                                                                monkeypatch):
+    """``d:1`` is a URI of scheme ``d`` to every engine (Hadoop's reading); when a local ``d:1`` exists, the error
+    says to write ``./d:1``, which each engine then reads."""
+    if engine == "spark":
+        request.getfixturevalue("spark")  # the shared session
+    monkeypatch.chdir(tmp_path)
+    # written by a relative name, as a user would (Arrow read d:1/... as a URI too)
+    assert meshtrace(["generate", "--events", "300", "--daemons", "2", "--seed", "26", "--out", "d:1"]) == 0
+    capsys.readouterr()
+    spark_check = ["--master", "local[2]"] if engine == "spark" else []
+    assert meshtrace(["check", "d:1", "--engine", engine, *spark_check]) == 2
+    err = capsys.readouterr().err
+    assert "d:1: read as a URI of scheme 'd', yet a local path of that name exists; a local path whose first part " \
+           "holds ':' is written ./d:1" in err, err
+    if engine != "spark":  # the shared session's JVM resolves a relative path from the directory it started in
+        assert meshtrace(["check", "./d:1", "--engine", engine]) in (0, 1)
+        assert f"{engine}: 300 events" in capsys.readouterr().out
