@@ -215,7 +215,8 @@ def crowded_nodes(rows: list[Any]) -> set[str]:
     for row in rows:
         if row["pnode"] is None or not row["pn"]:
             continue
-        n, low, high, plain, *mixed = nodes.setdefault(row["pnode"], [0, row["pmin"], row["pmax"], 0, 0, 0])
+        first = [0, row["pmin"], row["pmax"], 0, *[0] * len(SALTS)]
+        n, low, high, plain, *mixed = nodes.setdefault(row["pnode"], first)
         nodes[row["pnode"]] = [n + row["pn"], min(low, row["pmin"]), max(high, row["pmax"]), plain + row["psum"],
                                *[m + row[f"phash{k}"] for k, m in enumerate(mixed)]]
     crowded = set()
