@@ -142,11 +142,16 @@ def _parquet(con: Any, trace: Trace, listed: int) -> Loaded:
         raise
 
 
+#: rows of a Parquet file read at once when finding which file DuckDB could not read
+PROBE_ROWS = 10_000
+
+
 def read_parquet(con: Any, statement: str, files: list[tuple[str, str]]) -> None:
     """Run a statement that only reads the trace's Parquet ``files`` ((link, name) pairs): DuckDB's error there (a
     corrupt page behind an intact footer) is about the input, an ``InputError`` naming the file, as the other
     engines report it. DuckDB's message does not say which file: on this failure each is read whole, alone, until
-    one fails."""
+    one fails -- streamed in batches of `PROBE_ROWS` and dropped, so no file's size is held in memory (an error of
+    memory would name a readable file)."""
     import duckdb
 
     try:
@@ -155,8 +160,9 @@ def read_parquet(con: Any, statement: str, files: list[tuple[str, str]]) -> None
         said = str(exc).splitlines()[0]
         for link, name in files:
             try:
-                con.execute(f"CREATE TEMP TABLE unreadable AS SELECT * FROM read_parquet({lit(link)})")
-                con.execute("DROP TABLE unreadable")
+                rows = con.execute(f"SELECT * FROM read_parquet({lit(link)})")
+                while rows.fetchmany(PROBE_ROWS):
+                    pass
             except duckdb.Error as alone:
                 raise InputError(f"{name}: not a readable Parquet file ({str(alone).splitlines()[0]})") from None
         raise InputError(f"not a readable Parquet file ({said})") from None

@@ -90,7 +90,7 @@ ENGINES = ("spark", "oracle", "duckdb")
 OPTION_SETTINGS = {"spark.master": "--master", "spark.driver.memory": "--driver-memory",
                    "spark.driver.host": "--driver-host", "spark.driver.bindAddress": "--driver-bind-address"}
 #: a JVM heap size, as Spark's memory settings take it: a number of bytes, or of kibi- to pebibytes
-MEMORY = re.compile(r"[0-9]+[kmgtp]?b?", re.IGNORECASE)
+MEMORY = re.compile(r"[1-9][0-9]*[kmgtp]?b?", re.IGNORECASE)
 
 
 def spark_setting(text: str) -> tuple[str, str]:

@@ -226,9 +226,9 @@ class SparkChecker:
 
         The inner aggregation groups by (reason, node, source, mesh, sampled id), where the id is set for a sample
         of the valid outbox and IPC events only and an invalid event has only its reason; the outer one folds the
-        sampled groups back into their node's statistics and lists the sampled ids that look heavy. Both also
-        group by the node of every row holding a (node, line) position, valid or not, and carry the aggregates the
-        read finds shared positions with (``_spark_input.position_aggregates``).
+        sampled groups back into their node's statistics and lists the sampled ids that look heavy. Over judged
+        events (a Parquet read) both also group by the node of every row holding a (node, line) position, valid or
+        not, and carry the aggregates the read finds shared positions with (``_spark_input.position_aggregates``).
         """
         from pyspark.sql import functions as F
 
@@ -240,14 +240,17 @@ class SparkChecker:
         fraction = min(1.0, SAMPLE_TARGET / self.chunk)
         threshold = self.chunk if fraction >= 1.0 else SAMPLE_TARGET // 2
         sampled = F.when(valid & F.col("kind").isin(OT, IPC) & (F.rand(11) < fraction), F.col("client_message_id"))
+        # positions only where the read judges them: a JSONL trace's lines are numbered by the read, never shared
+        positions = [position_key()] if judged else []
         inner = frame.groupBy(reason.alias("reason"), *[F.when(valid, F.col(c)).alias(c) for c in
                                                         ("node", "source", "mesh")], sampled.alias("sampled"),
-                              position_key()).agg(
+                              *positions).agg(
             F.min(F.col("seq") - F.col("line")).alias("d_min"), F.max(F.col("seq") - F.col("line")).alias("d_max"),
-            F.max("ts_ms").alias("last_ts"), F.count(F.lit(1)).alias("n"), *position_aggregates(inner=True))
-        return inner.groupBy("reason", "node", "source", "mesh", "pnode").agg(
+            F.max("ts_ms").alias("last_ts"), F.count(F.lit(1)).alias("n"),
+            *(position_aggregates(inner=True) if judged else []))
+        return inner.groupBy("reason", "node", "source", "mesh", *(["pnode"] if judged else [])).agg(
             F.min("d_min").alias("d_min"), F.max("d_max").alias("d_max"), F.max("last_ts").alias("last_ts"),
-            F.sum("n").alias("n"), *position_aggregates(inner=False),
+            F.sum("n").alias("n"), *(position_aggregates(inner=False) if judged else []),
             F.collect_list(F.when(F.col("sampled").isNotNull() & (F.col("n") > threshold), F.col("sampled")))
             .alias("heavy"))
 

@@ -158,6 +158,7 @@ def test_a_run_that_fails_exits_3_not_1(tmp_path: Path, capsys, monkeypatch):
     (["--conf", "spark.driver.bindAddress=0.0.0.0"], "is set with --driver-bind-address, not --conf"),
     (["--driver-memory", "lots"], "argument --driver-memory: 'lots' is not a heap size"),
     (["--driver-memory", "6 g"], "argument --driver-memory: '6 g' is not a heap size"),
+    (["--driver-memory", "0g"], "argument --driver-memory: '0g' is not a heap size"),
 ])
 def test_settings_an_option_owns_and_a_bad_heap_size_are_usage_errors(argv: list[str], says: str, tmp_path: Path,
                                                                        capsys):
