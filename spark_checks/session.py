@@ -218,4 +218,37 @@ def build_session(master: str | None = DEFAULT_MASTER, app_name: str = "meshtrac
             "org.apache.spark.sql.catalyst.expressions.codegen.CodeGenerator", jvm.org.apache.logging.log4j.Level.OFF)
     for key, value in SQL_CONF.items():  # a session that already existed keeps its launch settings, not these
         session.conf.set(key, value)
+    cache_jvm_lookups(session.sparkContext._jvm)
     return session
+
+
+def cache_jvm_lookups(jvm: Any) -> None:
+    """Make the driver's py4j view of the JVM (``SparkContext._jvm``) remember the classes it finds and their static
+    methods, for this process's life.
+
+    PySpark resolves ``org.apache.spark.sql.functions`` and then the function's name, one py4j round trip each, on
+    every ``F.col``, ``F.lit``, ``F.when`` …, before the call itself: two of a check's three driver round trips
+    (about 13,000 per check) were lookups whose answer never changes. A class, once found, and a static method of it
+    are kept on the view's and the class's objects; a package, a field's value and a name that is not found are
+    asked again each time."""
+    from py4j.java_gateway import JavaClass, JavaMember, JVMView
+
+    class KeptClass(JavaClass):
+        def __getattr__(self, name: str) -> Any:
+            found = super().__getattr__(name)
+            if isinstance(found, JavaMember | JavaClass):  # a static method or an inner class
+                if type(found) is JavaClass:
+                    found.__class__ = KeptClass
+                self.__dict__[name] = found
+            return found
+
+    class KeptView(JVMView):
+        def __getattr__(self, name: str) -> Any:
+            found = super().__getattr__(name)
+            if type(found) is JavaClass:
+                found.__class__ = KeptClass
+                self.__dict__[name] = found
+            return found
+
+    if type(jvm) is JVMView:  # not already kept (a session built again in this process)
+        jvm.__class__ = KeptView
