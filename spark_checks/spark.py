@@ -544,11 +544,12 @@ class SparkChecker:
         booleans), so Spark aggregates by hashing, map side first.
 
         * per (mesh, client_message_id, broker_message_id): TRC-SIDE-EFFECTS, TRC-DONE-HAS-MESSAGE,
-          TRC-DELIVERY-COMMITTED, then per (mesh, client_message_id) TRC-ONE-MESSAGE;
+          TRC-DELIVERY-COMMITTED, and by a window over its result, per (mesh, client_message_id) TRC-ONE-MESSAGE;
         * per (mesh, delivery_id): TRC-DELIVERY-ACKED;
         * per (recipient, client_message_id): TRC-ONE-INBOX-ROW, and in the same aggregation per (node,
           client_message_id, hook): TRC-HOOK-ONCE, TRC-HOOK-ENQUEUED, TRC-HOOK-RUN-FINISHED, TRC-HOOK-REPLY-ID.
         """
+        from pyspark.sql import Window
         from pyspark.sql import functions as F
 
         kind = F.col("kind")
@@ -588,7 +589,29 @@ class SparkChecker:
             *first("named"), *first("accept"), *first("commit"), *last("commit", "commit_last"), *first("bad"),
             *first("done"), *first("delivery"), F.count(F.when(F.col("commit"), 1)).alias("commits"),
             F.max("scope").alias("scope"))
+        # per (mesh, client_message_id), over its broker messages that are named: a window over the ledger, the
+        # ledger's one consumer (an aggregation of it would compute the ledger again, as `_new_rows` says); each
+        # ledger row of a subject carries the subject's case, and the candidates' grouping keeps one
+        is_named = F.col("named_pk").isNotNull()
+
+        def if_named(column: str):
+            return F.when(is_named, F.col(column))
+
+        subject = Window.partitionBy("m1", "m2")
+        ledger = ledger.select(
+            "*", F.count(if_named("named_pk")).over(subject).alias("s_messages"),
+            F.min(if_named("named_pk")).over(subject).alias("s_low_pk"),
+            F.min_by(if_named("named_line"), if_named("named_pk")).over(subject).alias("s_low_line"),
+            F.max(if_named("named_pk")).over(subject).alias("s_high_pk"),
+            F.max_by(if_named("named_line"), if_named("named_pk")).over(subject).alias("s_high_line"),
+            F.sum(if_named("commits")).over(subject).alias("s_commits"),
+            F.min(if_named("commit_pk")).over(subject).alias("s_commit_pk"),
+            F.min_by(if_named("commit_line"), if_named("commit_pk")).over(subject).alias("s_commit_line"),
+            F.max(if_named("commit_last_pk")).over(subject).alias("s_commit_last_pk"),
+            F.max_by(if_named("commit_last_line"), if_named("commit_last_pk")).over(subject)
+            .alias("s_commit_last_line"))
         uncommitted = F.col("commits") == 0
+        two = F.col("s_messages") > 1
         per_message = self._explode(
             ledger,
             (F.col("bad_pk").isNotNull(), self._candidate(
@@ -598,23 +621,12 @@ class SparkChecker:
             (F.col("done_pk").isNotNull() & uncommitted & F.col("scope"), self._candidate(
                 "TRC-DONE-HAS-MESSAGE", blank, m1, m2, ref("done"), None, "done-uncommitted")),
             (F.col("delivery_pk").isNotNull() & uncommitted, self._candidate(
-                "TRC-DELIVERY-COMMITTED", blank, m1, m2, ref("delivery"), None, "delivery-uncommitted")))
-        messages = ledger.filter(F.col("named_pk").isNotNull()).groupBy("m1", "m2").agg(
-            F.count(F.lit(1)).alias("messages"),
-            F.min("named_pk").alias("low_pk"), F.min_by("named_line", "named_pk").alias("low_line"),
-            F.max("named_pk").alias("high_pk"), F.max_by("named_line", "named_pk").alias("high_line"),
-            F.sum("commits").alias("commits"),
-            F.min("commit_pk").alias("commit_pk"), F.min_by("commit_line", "commit_pk").alias("commit_line"),
-            F.max("commit_last_pk").alias("commit_last_pk"),
-            F.max_by("commit_last_line", "commit_last_pk").alias("commit_last_line"))
-        two = F.col("messages") > 1
-        one_message = self._explode(
-            messages,
-            (two, self._candidate("TRC-ONE-MESSAGE", blank, m1, m2, ref("high"), ref("low"), "one-message-messages",
-                                  fact=F.col("messages"))),
-            (~two & (F.col("commits") > 1), self._candidate(
-                "TRC-ONE-MESSAGE", blank, m1, m2, ref("commit_last"), ref("commit"), "one-message-commits",
-                fact=F.col("commits"))))
+                "TRC-DELIVERY-COMMITTED", blank, m1, m2, ref("delivery"), None, "delivery-uncommitted")),
+            (two, self._candidate("TRC-ONE-MESSAGE", blank, m1, m2, ref("s_high"), ref("s_low"),
+                                  "one-message-messages", fact=F.col("s_messages"))),
+            (~two & (F.col("s_commits") > 1), self._candidate(
+                "TRC-ONE-MESSAGE", blank, m1, m2, ref("s_commit_last"), ref("s_commit"), "one-message-commits",
+                fact=F.col("s_commits"))))
         # --- per delivery
         deliveries = ev.filter(delivery | ack).select(
             F.xxhash64("mesh", "delivery_id").alias("m1"), F.hash("mesh", "delivery_id").alias("m2"),
@@ -686,7 +698,7 @@ class SparkChecker:
                 fact=F.col("end"))),
             (hk & F.col("bad_pk").isNotNull(), self._candidate(
                 "TRC-HOOK-REPLY-ID", blank, m1, m2, ref("bad"), None, "hook-reply-id")))
-        return per_message.unionByName(one_message).unionByName(acked).unionByName(inserted)
+        return per_message.unionByName(acked).unionByName(inserted)
 
     def _requeues(self, ev):
         """TRC-FP-FROZEN for requeue successors: the successor carries the fingerprint of the (first) row whose
@@ -783,8 +795,10 @@ class SparkChecker:
         """TRC-NEW-ROW-TRACED and TRC-INFLIGHT-RESOLVED, in one window over (node, client_message_id) of the
         transitions and the decisions that found no row (a re-posted hot id has one), in descending seq order: the
         nearest later event is ``last`` over the rows before (linear, where a frame of the rows after would rescan
-        them), and the subject's creation seq, whether it was dispatched and its last transition are aggregates over
-        the whole partition (computed once per partition)."""
+        them), and the subject's last transition an aggregate over the whole partition (computed once per
+        partition). The window has one consumer: Catalyst prunes each consumer's unused window columns, so two
+        consumers would each shuffle, sort and window the rows again. Each node's latest creation of a row it
+        dispatched comes from a hash aggregation of the transitions instead."""
         from pyspark.sql import Window
         from pyspark.sql import functions as F
 
@@ -796,41 +810,42 @@ class SparkChecker:
             F.hash("client_message_id").alias("c2"), self._hashed("outbox_id").alias("oid"),
             F.hash("outbox_id").alias("oid2"), self._hashed("request_fingerprint").alias("fp"),
             is_ot.alias("is_ot"), (is_ot | found_none).alias("follows"), is_new.alias("is_new"),
-            (is_ot & (F.col("from_state") == "none")).alias("made"), (is_ot & (F.col("event") == "dispatch"))
-            .alias("sent"), (is_ot & (F.col("to_state") == "inflight")).alias("inflight"))
+            (is_ot & (F.col("to_state") == "inflight")).alias("inflight"))
         down = Window.partitionBy("ni", "c1", "c2").orderBy(F.col("seq").desc(), F.col("line").desc())
         whole = down.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
         fresh = fresh.select(
             "*", F.last(F.when(F.col("follows"), F.struct("seq", "line", "is_ot", "fp", "oid")), ignorenulls=True)
             .over(down.rowsBetween(Window.unboundedPreceding, -1)).alias("nx"),
-            F.min(F.when(F.col("made"), F.col("seq"))).over(whole).alias("created"),
-            F.max("sent").over(whole).alias("dispatched"),
             F.max(F.when(F.col("is_ot"), F.struct("seq", "line"))).over(whole).alias("last"))
-        created = fresh.filter(F.col("dispatched")).groupBy("ni").agg(F.max("created").alias("later"))
+        # per node, the latest first seq of a subject (a `none` start) among the subjects it dispatched
+        subjects = ev.filter(is_ot).groupBy(
+            "ni", F.xxhash64("client_message_id").alias("c1"), F.hash("client_message_id").alias("c2")).agg(
+            F.max(F.col("event") == "dispatch").alias("dispatched"),
+            F.min(F.when(F.col("from_state") == "none", F.col("seq"))).alias("created"))
+        created = subjects.filter(F.col("dispatched")).groupBy("ni").agg(F.max("created").alias("later"))
+        rows = fresh.join(F.broadcast(created), "ni", "left").join(F.broadcast(ends), "ni", "left")
         nxt, d = F.col("nx"), {"pk": self._pk(), "line": F.col("line")}
         other = ~nxt["is_ot"] | ~nxt["fp"].eqNullSafe(F.col("fp")) | (
             F.col("oid").isNotNull() & ~nxt["oid"].eqNullSafe(F.col("oid")))
         gs, c1, c2 = F.col("ni"), F.col("c1"), F.col("c2")
-        new = fresh.filter(F.col("is_new"))
-        followed = self._explode(new.filter(nxt.isNotNull()), (other, self._candidate(
-            "TRC-NEW-ROW-TRACED", gs, c1, c2, {"pk": self._pk(seq=nxt["seq"]), "line": nxt["line"]}, d,
-            F.when(nxt["is_ot"], "new-row-other-row").otherwise("new-row-gone"))))
-        untraced = self._explode(
-            new.filter(nxt.isNull()).join(F.broadcast(created), "ni"),
-            (F.col("later") > F.col("seq"), self._candidate("TRC-NEW-ROW-TRACED", gs, c1, c2, d, None,
-                                                            "new-row-untraced", fact=F.col("later"))))
-        last = fresh.filter(F.col("inflight") & (F.struct("seq", "line") == F.col("last")))
-        unresolved = self._explode(
-            last.join(F.broadcast(ends), "ni"),
-            (F.col("ts_ms") + (self.ack_timeout + self.ack_grace) < F.col("end"), self._candidate(
+        new = F.col("is_new")
+        last = F.col("inflight") & (F.struct("seq", "line") == F.col("last"))
+        return self._explode(
+            rows,
+            (new & nxt.isNotNull() & other, self._candidate(
+                "TRC-NEW-ROW-TRACED", gs, c1, c2, {"pk": self._pk(seq=nxt["seq"]), "line": nxt["line"]}, d,
+                F.when(nxt["is_ot"], "new-row-other-row").otherwise("new-row-gone"))),
+            (new & nxt.isNull() & (F.col("later") > F.col("seq")), self._candidate(
+                "TRC-NEW-ROW-TRACED", gs, c1, c2, d, None, "new-row-untraced", fact=F.col("later"))),
+            (last & (F.col("ts_ms") + (self.ack_timeout + self.ack_grace) < F.col("end")), self._candidate(
                 "TRC-INFLIGHT-RESOLVED", gs, F.col("oid"), F.col("oid2"), d, None, "inflight-unresolved",
                 fact=F.col("end"))))
-        return followed.unionByName(untraced).unionByName(unresolved)
 
     def _duplicates(self, ev):
         """TRC-DUP-FINGERPRINT: per (mesh, client_message_id, fingerprint) the first BRK-DUP-MATCH and BRK-DUP-MISMATCH
-        decision carrying it, then each compared with the subject's first commit (map-side aggregations and a join
-        of their small results: a retried id is not held in one task)."""
+        decision carrying it, then each compared with the subject's first commit (a map-side aggregation, then a
+        window over its small result: a retried id is not held in one task)."""
+        from pyspark.sql import Window
         from pyspark.sql import functions as F
 
         kind, row = F.col("kind"), F.col("table_row")
@@ -844,9 +859,11 @@ class SparkChecker:
             match.alias("match"), mismatch.alias("mismatch"))
         by_fp = groups.groupBy("m1", "m2", "fp").agg(
             *[F.min(F.when(F.col(flag), F.col("at"))).alias(flag) for flag in ("commit", "match", "mismatch")])
-        first = by_fp.filter(F.col("commit").isNotNull()).groupBy("m1", "m2").agg(
-            F.min(F.struct(F.col("commit").alias("at"), "fp")).alias("c"))
-        joined = by_fp.join(first, ["m1", "m2"])
+        # each fingerprint's row with the subject's first commit: a window over the small aggregate, its one
+        # consumer (an aggregation of it joined back would compute it twice, as `_new_rows` says)
+        subject = Window.partitionBy("m1", "m2")
+        joined = by_fp.select("*", F.min(F.when(F.col("commit").isNotNull(), F.struct(
+            F.col("commit").alias("at"), "fp"))).over(subject).alias("c")).filter(F.col("c").isNotNull())
         same = F.col("fp").eqNullSafe(F.col("c.fp"))
         blank, m1, m2 = F.lit(""), F.col("m1"), F.col("m2")
         related = {"pk": F.col("c.at.pk"), "line": F.col("c.at.line")}
