@@ -386,7 +386,7 @@ candidates AS (
 SELECT invariant, k,
   arg_min((node, seq, line, r_node, r_seq, r_line, detail, fact),
           (CASE WHEN by_line THEN '' ELSE node END, CASE WHEN by_line THEN line ELSE seq END,
-           coalesce(r_node, ''), coalesce(r_seq, -1))) AS first
+           coalesce(r_node, ''), coalesce(r_seq, -1), line, coalesce(r_line, -1))) AS first
 FROM candidates GROUP BY invariant, k
 """
 

@@ -814,6 +814,9 @@ class Oracle:
         rel = None if related is None else (related[0], related[1], related[2])
         order = ("", ref[2]) if by_line else (ref[0], ref[1])
         order += ("", -1) if rel is None else (rel[0], rel[1])
+        # two candidates of one key at the same (node, seq) pair -- a node that repeated a seq -- are ordered by
+        # their lines, as every engine orders them
+        order += (ref[2], -1 if rel is None else rel[2])
         st.candidates.append((invariant, key, order, ref, rel, (detail, fact), evidence))
 
     @staticmethod

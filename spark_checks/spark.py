@@ -301,6 +301,17 @@ class SparkChecker:
         return F.shiftleft(ni.cast("long"), SEQ_BITS) + seq.cast("long")
 
     @staticmethod
+    def _position(pk="pk", line="line"):
+        """An event's (pk, line) as one decimal ordered as the pair -- ``pk * 2**63 + line`` (a pk is below 2**63 and
+        a line a non-negative long) -- for ``min_by``/``max_by``, which keep a fixed-width buffer (aggregated by
+        hashing) where a struct would be sorted. Two events of one node sharing a seq are ordered by their lines, as
+        the oracle and DuckDB order them; a pk alone would leave the pick to the shuffle's order."""
+        from pyspark.sql import functions as F
+
+        big = "decimal(38,0)"
+        return F.col(pk).cast(big) * F.expr(f"CAST('{1 << 63}' AS {big})") + F.col(line).cast(big)
+
+    @staticmethod
     def _candidate(invariant_id: str, gs, g1, g2, event, related, detail, by_line: bool = False,
                    mode: str | None = None, fact=None):
         """The candidate struct: key (gs, g1, g2), order (o, r), references, evidence mode and a detail.
@@ -565,12 +576,12 @@ class SparkChecker:
 
         def first(flag: str, name: str | None = None) -> list[Any]:
             name = name or flag
-            order = F.when(F.col(flag), F.col("pk"))
-            return [F.min(order).alias(f"{name}_pk"), F.min_by("line", order).alias(f"{name}_line")]
+            return [F.min(F.when(F.col(flag), F.col("pk"))).alias(f"{name}_pk"),
+                    F.min_by("line", F.when(F.col(flag), F.col("at"))).alias(f"{name}_line")]
 
         def last(flag: str, name: str) -> list[Any]:
-            order = F.when(F.col(flag), F.col("pk"))
-            return [F.max(order).alias(f"{name}_pk"), F.max_by("line", order).alias(f"{name}_line")]
+            return [F.max(F.when(F.col(flag), F.col("pk"))).alias(f"{name}_pk"),
+                    F.max_by("line", F.when(F.col(flag), F.col("at"))).alias(f"{name}_line")]
 
         def ref(name: str):
             return {"pk": F.col(f"{name}_pk"), "line": F.col(f"{name}_line")}
@@ -585,7 +596,7 @@ class SparkChecker:
             F.xxhash64("mesh", "client_message_id").alias("m1"), F.hash("mesh", "client_message_id").alias("m2"),
             F.xxhash64("broker_message_id").alias("b1"), F.hash("broker_message_id").alias("b2"),
             pk.alias("pk"), "line", in_scope.alias("scope"), *[flag.alias(name) for name, flag in flags.items()]
-        ).groupBy("m1", "m2", "b1", "b2").agg(
+        ).withColumn("at", self._position()).groupBy("m1", "m2", "b1", "b2").agg(
             *first("named"), *first("accept"), *first("commit"), *last("commit", "commit_last"), *first("bad"),
             *first("done"), *first("delivery"), F.count(F.when(F.col("commit"), 1)).alias("commits"),
             F.max("scope").alias("scope"))
@@ -598,17 +609,19 @@ class SparkChecker:
             return F.when(is_named, F.col(column))
 
         subject = Window.partitionBy("m1", "m2")
+        ledger = ledger.select("*", *[self._position(f"{name}_pk", f"{name}_line").alias(f"{name}_at")
+                                      for name in ("named", "commit", "commit_last")])
         ledger = ledger.select(
             "*", F.count(if_named("named_pk")).over(subject).alias("s_messages"),
             F.min(if_named("named_pk")).over(subject).alias("s_low_pk"),
-            F.min_by(if_named("named_line"), if_named("named_pk")).over(subject).alias("s_low_line"),
+            F.min_by(if_named("named_line"), if_named("named_at")).over(subject).alias("s_low_line"),
             F.max(if_named("named_pk")).over(subject).alias("s_high_pk"),
-            F.max_by(if_named("named_line"), if_named("named_pk")).over(subject).alias("s_high_line"),
+            F.max_by(if_named("named_line"), if_named("named_at")).over(subject).alias("s_high_line"),
             F.sum(if_named("commits")).over(subject).alias("s_commits"),
             F.min(if_named("commit_pk")).over(subject).alias("s_commit_pk"),
-            F.min_by(if_named("commit_line"), if_named("commit_pk")).over(subject).alias("s_commit_line"),
+            F.min_by(if_named("commit_line"), if_named("commit_at")).over(subject).alias("s_commit_line"),
             F.max(if_named("commit_last_pk")).over(subject).alias("s_commit_last_pk"),
-            F.max_by(if_named("commit_last_line"), if_named("commit_last_pk")).over(subject)
+            F.max_by(if_named("commit_last_line"), if_named("commit_last_at")).over(subject)
             .alias("s_commit_last_line"))
         uncommitted = F.col("commits") == 0
         two = F.col("s_messages") > 1
@@ -631,9 +644,9 @@ class SparkChecker:
         deliveries = ev.filter(delivery | ack).select(
             F.xxhash64("mesh", "delivery_id").alias("m1"), F.hash("mesh", "delivery_id").alias("m2"),
             pk.alias("pk"), "line", "lease_until_ms", delivery.alias("delivery"), ack.alias("ack")
-        ).groupBy("m1", "m2").agg(
+        ).withColumn("at", self._position()).groupBy("m1", "m2").agg(
             *last("delivery", "last"),
-            F.max_by("lease_until_ms", F.when(F.col("delivery"), F.col("pk"))).alias("last_lease"),
+            F.max_by("lease_until_ms", F.when(F.col("delivery"), F.col("at"))).alias("last_lease"),
             *first("ack")).filter(F.col("last_pk").isNotNull())
         ends = local_frame(self.spark, sorted(stats["node_end"].items()), "node string, end long").join(
             self.node_ids, "node").select(F.col("ni").alias("end_ni"), "end")
@@ -652,7 +665,8 @@ class SparkChecker:
             F.xxhash64("mesh", "delivery_id").alias("m1"), F.hash("mesh", "delivery_id").alias("m2"),
             F.xxhash64(*named_by).alias("d1"), F.hash(*named_by).alias("d2"), pk.alias("pk"), "line",
             F.lit(True).alias("unknown")
-        ).join(traced, ["d1", "d2"], "left_anti").groupBy("m1", "m2").agg(*first("unknown"))
+        ).join(traced, ["d1", "d2"], "left_anti").withColumn("at", self._position()).groupBy("m1", "m2").agg(
+            *first("unknown"))
         acked = acked.unionByName(self._explode(unknown, (F.col("unknown_pk").isNotNull(), self._candidate(
             "TRC-DELIVERY-ACKED", blank, m1, m2, ref("unknown"), None, "delivery-ack-unknown"))))
         # --- per inbox row and per hook run: one aggregation (one exchange) keyed by the family (``hk``) and its
@@ -671,10 +685,10 @@ class SparkChecker:
             F.when(hooked, F.hash(*subject)).otherwise(F.hash("recipient", "client_message_id")).alias("m2"),
             pk.alias("pk"), "line", "ts_ms", row.alias("ins"), enq.alias("enq"), run.alias("run"),
             (run & reply.isNotNull() & (reply != derived)).alias("bad")
-        ).groupBy("hk", "m1", "m2").agg(
+        ).withColumn("at", self._position()).groupBy("hk", "m1", "m2").agg(
             F.count(F.when(F.col("ins"), 1)).alias("inserts"), *first("ins", "low"), *last("ins", "high"),
             F.count(F.when(F.col("enq"), 1)).alias("enqs"), *first("enq"), *last("enq", "enq_last"),
-            F.min_by("ts_ms", F.when(F.col("enq"), F.col("pk"))).alias("enq_ts"),
+            F.min_by("ts_ms", F.when(F.col("enq"), F.col("at"))).alias("enq_ts"),
             F.count(F.when(F.col("run"), 1)).alias("runs"), *first("run"), *last("run", "run_last"), *first("bad"))
         inbox = inbox.join(F.broadcast(ends), F.shiftright(F.col("enq_pk"), SEQ_BITS) == F.col("end_ni"), "left")
         hk, enq_pk, run_pk = F.col("hk"), F.col("enq_pk"), F.col("run_pk")
@@ -718,12 +732,14 @@ class SparkChecker:
             legal.alias("legal"))
 
         def first(is_successor: bool, name: str) -> list[Any]:
-            order = F.when(F.col("successor") == F.lit(is_successor), F.col("pk"))
-            return [F.min(order).alias(f"{name}_pk"), F.min_by("line", order).alias(f"{name}_line"),
+            order = F.when(F.col("successor") == F.lit(is_successor), F.col("at"))
+            return [F.min(F.when(F.col("successor") == F.lit(is_successor), F.col("pk"))).alias(f"{name}_pk"),
+                    F.min_by("line", order).alias(f"{name}_line"),
                     F.min_by("fp", order).alias(f"{name}_fp"), F.min_by("table_row", order).alias(f"{name}_row"),
                     F.min_by("legal", order).alias(f"{name}_legal")]
 
-        pairs = pairs.groupBy("ni", "k1", "k2").agg(*first(True, "new"), *first(False, "old"))
+        pairs = pairs.withColumn("at", self._position()).groupBy("ni", "k1", "k2").agg(
+            *first(True, "new"), *first(False, "old"))
         event = {"pk": F.col("new_pk"), "line": F.col("new_line")}
         related = {"pk": F.col("old_pk"), "line": F.col("old_line")}
         orphan = F.col("old_pk").isNull()
