@@ -12,10 +12,12 @@ invariants by these ids, and a violation of one is always reported under exactly
   the invariant applies. A trace recorded against a peer that writes no broker trace is not held to the invariants
   that relate daemon events to broker events.
 
-Ordering: within one node, events are ordered by ``seq``; across nodes, by ``(node, seq)``. Evidence is shown in file
-order instead, by ``(node, line)`` (``evidence_entries``), so a seq that goes backwards shows as one; its entries say
-where each event sits. A violation's ``detail`` is one of ``DETAILS`` filled by ``detail_text``, the same text in
-every engine.
+Ordering: within one node, events are ordered by ``seq``; across nodes, by ``(node, seq)``; events of one node that
+share a seq (a repeated seq, itself a TRC-SEQ-MONOTONIC violation) by ``line``. A key's first violation is the one
+whose event comes first, then whose related event does (none before any), then by the two lines. Evidence is shown
+in file order instead, by ``(node, line)`` (``evidence_entries``), so a seq that goes backwards shows as one; its
+entries say where each event sits. A violation's ``detail`` is one of ``DETAILS`` filled by ``detail_text``, the
+same text in every engine.
 """
 
 from __future__ import annotations
