@@ -771,8 +771,9 @@ class SparkChecker:
         case = f"{value}-not-increasing"  # catalogue.DETAILS
         inside = self._explode(within, (F.col("value") <= F.col("prev.value"), self._candidate(
             invariant_id, F.col("ni"), zero, zero, here, before, case, by_line=True)))
-        # line order within a node: (line, seq) packed for min_by/max_by (line < 2^40, seq tie-break < 2^23)
-        order = F.shiftleft(F.col("line"), 23) + F.col("seq").bitwiseAND((1 << 23) - 1)
+        # line order within a node: a node's valid events hold distinct lines (a shared position is invalid input),
+        # and a line may be any non-negative long, so it is the order itself (no room to pack a tie-break beside it)
+        order = F.col("line")
         summary = events.groupBy("ni", "chunk").agg(
             F.min("line").alias("head_line"), F.min_by("seq", order).alias("head_seq"),
             F.min_by("value", order).alias("head_value"), F.max("line").alias("tail_line"),
@@ -938,8 +939,8 @@ class SparkChecker:
         from pyspark.sql import functions as F
 
         is_insert = F.col("kind") == "inbox_insert"
-        # an insert's line order (line, seq tie-break < 2^23) packed for max/max_by, -1 for a message event
-        order = F.when(is_insert, F.shiftleft(F.col("line"), 23) + F.col("seq").bitwiseAND((1 << 23) - 1))
+        # an insert's line (distinct within its node, any non-negative long) orders it; -1 for a message event
+        order = F.when(is_insert, F.col("line"))
         events = ev.filter(is_insert | ((F.col("kind") == "sse_event") & (F.col("event") == "message"))).select(
             "ni", "seq", "line", (~is_insert).cast("int").alias("message"),
             (is_insert & F.coalesce(F.col("inserted"), F.lit(False))).cast("int").alias("new"),
@@ -949,7 +950,7 @@ class SparkChecker:
             F.max_by("seq", "order").alias("last_seq"))
         node = Window.partitionBy("ni")
         before = node.orderBy("chunk").rowsBetween(Window.unboundedPreceding, -1)
-        last = F.when(F.col("last_order") >= 0, F.struct(F.shiftright(F.col("last_order"), 23).alias("line"),
+        last = F.when(F.col("last_order") >= 0, F.struct(F.col("last_order").alias("line"),
                                                          F.col("last_seq").alias("seq")))
         carried = summary.select(
             "ni", "chunk", (F.sum("messages").over(node) - F.sum("news").over(node)).alias("surplus"),
