@@ -30,7 +30,18 @@ _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 
 
 class InputError(Exception):
-    """The input cannot be checked at all: a missing path, no trace files, unreadable or mistyped Parquet."""
+    """The input cannot be checked at all: a missing path, no trace files, unreadable or mistyped Parquet, more
+    nodes than the checks hold."""
+
+
+def check_node_count(nodes: int) -> None:
+    """Raise ``InputError`` when a trace's valid events name more than ``trace_nodes_max`` nodes (E-52), which every
+    engine refuses alike before any verdict."""
+    from .validity import MAX_NODES
+
+    if nodes > MAX_NODES:
+        raise InputError(f"the trace's valid events name {nodes:,} nodes; the checks hold at most {MAX_NODES:,} "
+                         "(spec/tables/limits.yaml trace_nodes_max, E-52): check it one mesh at a time")
 
 
 @dataclass(frozen=True)
@@ -374,5 +385,5 @@ def estimated_events(arguments: Iterable[str]) -> int | None:
         return None
 
 
-__all__ = ["HadoopFS", "InputError", "JsonlFile", "LocalFS", "Trace", "check_local_parquet", "estimated_events",
-           "local", "locate", "write_hadoop", "write_local"]
+__all__ = ["HadoopFS", "InputError", "JsonlFile", "LocalFS", "Trace", "check_local_parquet", "check_node_count",
+           "estimated_events", "local", "locate", "write_hadoop", "write_local"]

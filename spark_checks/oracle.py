@@ -49,7 +49,7 @@ from .catalogue import (
     evidence_entries,
     hook_reply_id,
 )
-from .inputs import Trace
+from .inputs import Trace, check_node_count
 
 Ref = tuple[str, int, int]  # (node, seq, line)
 
@@ -287,6 +287,7 @@ class Oracle:
         invalid = _Invalid()
         for table in _buckets(trace, invalid):
             self._bucket(table, state)
+        check_node_count(len(state.node_end))  # every valid event's node has its last ts there
         self._finish(state)
         self._settle_added(state)
         self._message_events(state)
@@ -892,9 +893,13 @@ def load_rows(trace: Trace | str | Path | list[str] | list[Path], wanted: set[tu
 
 def validate(paths: str | Path | list[str] | list[Path]) -> tuple[int, list[dict[str, Any]], dict[str, int]]:
     """Read a trace as ``check`` does without checking the catalogue: (valid events, the first invalid ones, invalid
-    counts by reason). Raises ``inputs.InputError`` when there is nothing to read."""
+    counts by reason). Raises ``inputs.InputError`` when there is nothing to read or more nodes than the checks hold."""
     invalid = _Invalid()
-    events = sum(table.num_rows for table in _buckets(locate(paths), invalid))
+    events, nodes = 0, set()
+    for table in _buckets(locate(paths), invalid):
+        events += table.num_rows
+        nodes.update(table.column("node").unique().to_pylist())
+    check_node_count(len(nodes))
     return events, [entry for _, entry in invalid.listed], invalid.reasons
 
 

@@ -58,6 +58,7 @@ from spark_checks.catalogue import (
     detail_text,
     evidence_entries,
 )
+from spark_checks.inputs import check_node_count
 from spark_checks.oracle import Report, Tables, sort_violations
 from spec import load_table
 
@@ -174,6 +175,7 @@ class SparkChecker:
         stats = self._stats(ev)
         self._mark("stats", started)
         names = stats["nodes"]
+        check_node_count(len(names))  # a node index fits the event reference's 63 - SEQ_BITS bits
         self.node_ids = local_frame(self.spark, list(enumerate(names)), "ni int, node string")
         ev = ev.join(F.broadcast(self.node_ids), "node")
         candidates = self._candidates(ev, stats)

@@ -34,16 +34,25 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-#: The most objects and arrays (``{`` and ``[`` outside strings) one line may open: an event opens two; any nesting
-#: bomb (a member nested thousands deep, which one parser refuses, another's recursion overflows on and a third
-#: accepts) opens more, and is ``nesting`` in every engine before any parser sees it.
-MAX_CONTAINERS = 64
+from spec import load_table
+
+#: The trace checks' limits (spec/tables/limits.yaml, ``applies_to: [trace_check]``, E-52).
+TRACE_LIMITS = {name: entry["value"] for name, entry in load_table("limits")["limits"].items()
+                if entry["applies_to"] == ["trace_check"]}
+#: The most objects and arrays (``{`` and ``[`` outside strings) one line may open (``trace_line_containers_max``):
+#: an event opens two; any nesting bomb (a member nested thousands deep, which one parser refuses, another's
+#: recursion overflows on and a third accepts) opens more, and is ``nesting`` in every engine before any parser
+#: sees it.
+MAX_CONTAINERS = TRACE_LIMITS["trace_line_containers_max"]
 #: A pattern exactly the strings of ``n`` lowercase hex digits match (``SqlDialect.matches``).
 HEX_DIGITS = re.compile(r"\^\[0-9a-f\]\{(\d+)\}\\z")
-#: The most digits a number may write in a row: parsers refuse long numbers at their own limits (Python's int
-#: conversion at 4300 digits, Jackson at 1000 characters, yyjson never), so a longer run outside strings is
-#: ``long_number`` in every engine before any parser sees it; no trace member needs more than 20.
-MAX_DIGITS = 100
+#: The most digits a number may write in a row (``trace_line_digits_max``): parsers refuse long numbers at their own
+#: limits (Python's int conversion at 4300 digits, Jackson at 1000 characters, yyjson never), so a longer run outside
+#: strings is ``long_number`` in every engine before any parser sees it; no trace member needs more than 20.
+MAX_DIGITS = TRACE_LIMITS["trace_line_digits_max"]
+#: The most distinct nodes a trace's valid events may name (``trace_nodes_max``): past it every engine refuses the
+#: trace as unusable input (``check_node_count``).
+MAX_NODES = TRACE_LIMITS["trace_nodes_max"]
 LONG_DIGITS_PATTERN = f"[0-9]{{{MAX_DIGITS + 1}}}"
 #: Counting outside strings on any text, the same in Python, RE2 and Java and without recursion (Java's regex
 #: engine recurses per repetition of an alternation and overflows its stack on a long string): every backslash and
