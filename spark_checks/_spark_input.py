@@ -464,7 +464,11 @@ def _jsonl(spark: Any, trace: Trace) -> Any:
                                                   "$1|"), r"\|", -1),
                          lambda h: F.unhex(h).cast("string"))
     parts = F.when(F.is_valid_utf8("value"), F.split("value", "\n", -1)).otherwise(by_hex)
-    lines = (raw.select("fi", "display", F.size(parts).alias("total"), F.posexplode(parts).alias("pos", "text"))
+    # a file's lines and their count are computed once per file, before the explode: an expression beside a
+    # generator is evaluated above it, once per generated row (the whole file split again for each of its lines)
+    lines = (raw.select("fi", "display", parts.alias("parts"))
+             .select("fi", "display", F.size("parts").alias("total"), "parts")
+             .select("fi", "display", "total", F.posexplode("parts").alias("pos", "text"))
              .select("fi", "display", (F.col("pos") + 1).alias("n"), "text",
                      (F.col("pos") + 1 < F.col("total")).alias("terminated"))
              .filter(~((F.col("n") == F.col("total")) & (F.col("text") == ""))))
