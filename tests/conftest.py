@@ -7,23 +7,46 @@ soaking for minutes.
 
 from __future__ import annotations
 
+import functools
+import re
+from pathlib import Path
+
 import pytest
 
 #: `make test` runs on pytest-xdist workers (`--dist loadfile`, with the scheduler below): each file runs whole on one
 #: worker, and the files that share one expensive session fixture run on the same worker, so it is built once -- the
-#: full reference conformance run, and the local Spark session.
+#: full reference conformance run, and the local Spark session (`SPARK_GROUP`).
 XDIST_GROUPS = {
     "tests/conformance/test_harness.py": "reference-run",
     "tests/spark/test_conformance_traces.py": "reference-run",
-    "tests/spark/": "spark",
 }
+#: The group of the files under tests/spark/ that use the shared Spark session: a function (test or fixture) taking
+#: the `spark` fixture, or asking for it by name. The trace checks' other files (the oracle's, DuckDB's, the
+#: format's) run on any worker: the Spark worker is the suite's longest, and they need no JVM.
+SPARK_GROUP = "spark"
+USES_SPARK = re.compile(r'\bdef \w+\((?:.*[ ,(])?spark\b|getfixturevalue\("spark"\)')
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@functools.cache
+def _uses_spark(path: str) -> bool:
+    try:
+        return USES_SPARK.search((ROOT / path).read_text(encoding="utf-8")) is not None
+    except OSError:
+        return True  # unreadable here: keep it with the session rather than start a second JVM elsewhere
 
 
 def scope_of(nodeid: str) -> str:
-    """The work unit a test belongs to: a listed group, else the test's own file -- a module's tests stay together
-    (module-scoped fixtures are built once, and a test may read what an earlier one of its module recorded)."""
+    """The work unit a test belongs to: a listed group, the Spark group, else the test's own file -- a module's tests
+    stay together (module-scoped fixtures are built once, and a test may read what an earlier one of its module
+    recorded)."""
     path = nodeid.split("::", 1)[0]
-    return next((group for prefix, group in XDIST_GROUPS.items() if path.startswith(prefix)), path)
+    listed = next((group for prefix, group in XDIST_GROUPS.items() if path.startswith(prefix)), None)
+    if listed is not None:
+        return listed
+    if path.startswith("tests/spark/") and _uses_spark(path):
+        return SPARK_GROUP
+    return path
 
 
 @pytest.hookimpl(optionalhook=True)  # the suite also runs without xdist (-p no:xdist)

@@ -1,0 +1,84 @@
+"""Input validity with Spark: the same corpus, Parquet cases and exit codes as test_validation.py holds the oracle
+and DuckDB to. A file of its own so that those run on any pytest worker while these share the Spark session's
+(tests/conftest.py)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from test_validation import (  # noqa: F401 (parquet_cases is a fixture)
+    CASES,
+    CORPUS,
+    VALID_PARQUET,
+    check_percent_encoded,
+    parquet_cases,
+    run,
+    wanted,
+)
+
+from spark_checks import format as fmt
+from spark_checks import validity
+from spark_checks.cli import main as meshtrace
+
+
+@pytest.mark.spark
+def test_spark_mixes_lines_as_the_driver_does(spark):
+    from pyspark.sql import functions as F
+
+    from spark_checks import _spark_input
+
+    for low, high in ((0, 1000), (1 << 43, (1 << 43) + 5000), ((1 << 63) - 3000, (1 << 63) - 2)):
+        for salt in (*_spark_input.SALTS, 0, _spark_input.WORD - 1):
+            got = spark.range(low, high + 1).select(F.sum(_spark_input._mix(F.col("id"), salt)).alias("h")).first()
+            assert got["h"] % _spark_input.WORD == _spark_input._range_hash(low, high, salt)
+
+
+@pytest.mark.spark
+def test_spark_reports_every_malformed_line_in_one_read(spark):
+    from spark_checks import _spark_input
+
+    frame, loaded = _spark_input.read(spark, [str(CORPUS)], listed=1000)
+    assert sorted((e["where"], e["reason"]) for e in loaded.invalid) == sorted(
+        pair for case in CASES for pair in wanted(case))
+    crlf = frame.filter(frame.file == f"{CORPUS}/crlf.jsonl").orderBy("line").select("line", "file_line").collect()
+    assert [(r["line"], r["file_line"]) for r in crlf] == [(k, k + 1) for k in range(29)]
+
+
+@pytest.mark.spark
+def test_spark_exit_codes_parquet_and_uris(spark, parquet_cases, tmp_path: Path, capsys):  # noqa: F811
+    def spark_check(*argv: str) -> tuple[int, dict | None]:
+        return run(["check", *argv, "--engine", "spark", "--master", "local[2]"], tmp_path / "report.json")
+
+    by_id = {c["id"]: c for c in CASES}
+    for case_id, level in (("misspelt_kind", "plain"), ("truncated_eof", "torn-tail"), ("truncated_eof", "plain")):
+        argv = [str(CORPUS / by_id[case_id]["file"]), *(["--tolerate", level] if level != "plain" else [])]
+        assert spark_check(*argv)[0] == by_id[case_id]["exit"][level], (case_id, level)
+    for name, (path, want) in parquet_cases.items():
+        code, document = spark_check(f"file://{path}")
+        assert code == (0 if name in VALID_PARQUET else 2), name
+        if name == "wrong_type":
+            assert "column seq is string, expected int64" in capsys.readouterr().err
+        else:
+            assert [(e["where"], e["reason"]) for e in document["invalid"]["lines"]] == want, name
+            assert document["invalid"]["count"] == len(want), name
+    path, want = parquet_cases["shared_line_two_files"]
+    code, document = spark_check(f"file://{path}", "--tolerate", "invalid")
+    assert code in (0, 1) and document["events"] == 259 - len(want)
+    line = int(want[0][0].rsplit(" ", 1)[1])
+    assert {e["message"] for e in document["invalid"]["lines"]} == {validity.layout_message(line)}
+    trace = tmp_path / "t"
+    fmt.convert_jsonl([CORPUS / "crlf.jsonl"], trace / "events")
+    code, document = spark_check(f"file://{trace}")
+    assert (code, document["events"]) == (0, 29)
+    code, document = spark_check(f"file://{trace}", str(trace / "events"))  # read once
+    assert (code, document["events"]) == (0, 29)
+    assert trace == tmp_path / "t"
+    check_percent_encoded(tmp_path, lambda argv: meshtrace(["check", *argv, "--engine", "spark", "--master",
+                                                            "local[2]"]))
+    (tmp_path / "linked").mkdir()  # a hard link too, as the other engines read it
+    for f in (trace / "events").rglob("*.parquet"):
+        os.link(f, tmp_path / "linked" / f"{f.parent.name}-{f.name}")
+    code, document = spark_check(str(trace), str(tmp_path / "linked"))
+    assert (code, document["events"]) == (0, 29)
