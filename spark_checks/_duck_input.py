@@ -157,15 +157,20 @@ def read_parquet(con: Any, statement: str, files: list[tuple[str, str]]) -> None
     try:
         con.execute(statement)
     except duckdb.Error as exc:
-        said = str(exc).splitlines()[0]
         for link, name in files:
             try:
                 rows = con.execute(f"SELECT * FROM read_parquet({lit(link)})")
                 while rows.fetchmany(PROBE_ROWS):
                     pass
             except duckdb.Error as alone:
-                raise InputError(f"{name}: not a readable Parquet file ({str(alone).splitlines()[0]})") from None
-        raise InputError(f"not a readable Parquet file ({said})") from None
+                raise InputError(f"{name}: not a readable Parquet file ({_cause(alone)})") from None
+        raise InputError(f"not a readable Parquet file ({_cause(exc)})") from None
+
+
+def _cause(error: Exception) -> str:
+    """DuckDB's reason a Parquet file is unreadable, in the other engines' words where they have some."""
+    said = str(error).splitlines()[0]
+    return fmt.NOT_UTF8_COLUMN if "not valid UTF8" in said else said
 
 
 def _parquet_view(con: Any, trace: Trace, listed: int, directory: str, links: list[str]) -> Loaded:

@@ -248,8 +248,11 @@ def read(spark: Any, paths: list[str], listed: int = fmt.INVALID_LISTED,
         return number_lines(valid), loaded
     frame = _parquet_frame(spark, trace)
     if summary is None:
-        return _split(_judged(frame, _shared_positions(frame)), ["node", "line"], listed, trace, frame)
+        valid, loaded = _split(_judged(frame, _shared_positions(frame)), ["node", "line"], listed, trace, frame)
+        _refuse_bad_strings(spark, trace, loaded)
+        return valid, loaded
     valid, loaded = _split(_judged(frame, None), ["node", "line"], listed, trace, frame, summary)
+    _refuse_bad_strings(spark, trace, loaded)
     crowded = crowded_nodes(loaded.every)
     if len(crowded) > CROWDED_NAMED:  # a filter naming them all would cost more to build than it saves
         shared = _shared_positions(frame)
@@ -344,11 +347,45 @@ def _judged(frame: Any, shared: Any) -> Any:
     if shared is not None:  # rare: their rows are marked by a join, kept out of the plain trace's plans
         rows = frame.join(shared, ["node", "line"], "left").select(*fmt.COLUMNS, "shared")
         layout = layout | F.col("shared").isNotNull()
-    reason = F.when(layout, "layout").when(~F.expr(renderer.valid(tree)), "schema")
+    # a string that is not UTF-8 makes its file unreadable, as it is to DuckDB and pyarrow (`_refuse_bad_strings`)
+    reason = (F.when(~_strings_are_utf8(), NOT_UTF8).when(layout, "layout")
+              .when(~F.expr(renderer.valid(tree)), "schema"))
     where = F.concat(F.coalesce(F.col("node"), F.lit("null")), F.lit("@line "),
                      F.coalesce(F.col("line").cast("string"), F.lit("null")))
     return rows.select(*fmt.COLUMNS, reason.alias("reason"), F.lit(None).cast("string").alias("message"),
                        where.alias("where"))
+
+
+#: the reason `_judged` gives a row holding a string that is not UTF-8 (never reported: the read refuses its file)
+NOT_UTF8 = "not_utf8"
+
+
+def _strings_are_utf8() -> Any:
+    """Whether every string column of a Parquet row holds UTF-8 (Spark reads a column's bytes as they are)."""
+    from pyspark.sql import functions as F
+
+    valid = None
+    for field in fmt.FLAT_SCHEMA:
+        if str(field.type) == "string":
+            ok = F.coalesce(F.is_valid_utf8(field.name), F.lit(True))
+            valid = ok if valid is None else valid & ok
+    return valid
+
+
+def _refuse_bad_strings(spark: Any, trace: Trace, loaded: Loaded) -> None:
+    """Raise ``InputError`` naming a file with a string that is not UTF-8, when the judged rows found one: such a
+    file is unreadable to every engine (``format.NOT_UTF8_COLUMN``), whatever ``--tolerate`` says."""
+    from pyspark.sql import functions as F
+
+    from .spark import spark_schema
+
+    if NOT_UTF8 not in loaded.reasons:
+        return
+    files = spark.read.schema(spark_schema()).parquet(*map(exact, trace.parquet_files))
+    [first] = files.filter(~_strings_are_utf8()).select(F.col("_metadata.file_path").alias("f")).limit(1).collect()
+    listed = {_same_uri(location): location for location in trace.parquet_files}
+    location = listed.get(_same_uri(first["f"]), first["f"])
+    raise InputError(f"{location}: not a readable Parquet file ({fmt.NOT_UTF8_COLUMN})")
 
 
 #: the most shared positions ``_shared_positions`` broadcasts (more are joined by a shuffle)

@@ -298,15 +298,24 @@ def write_jsonl_table(table: pa.Table, out: Path) -> int:
     return table.num_rows
 
 
+#: Why a Parquet file with a string that is not UTF-8 is unreadable, in every engine's words.
+NOT_UTF8_COLUMN = "a string column holds bytes that are not UTF-8"
+
+
 def read_table(source: Any, **options: Any) -> pa.Table:
     """``pq.read_table``; a file whose pages cannot be read (a corrupt page behind an intact footer) is an
     ``inputs.InputError``, as an unreadable footer is."""
     from .inputs import InputError
 
     try:
-        return pq.read_table(source, **options)
+        table = pq.read_table(source, **options)
+        table.validate(full=True)  # a string column's bytes are UTF-8, as DuckDB's and Spark's reads require
     except (OSError, pa.ArrowException) as exc:
-        raise InputError(f"{source}: not a readable Parquet file ({str(exc).splitlines()[0]})") from None
+        said = str(exc).splitlines()[0]
+        if "Invalid UTF8" in said:
+            said = NOT_UTF8_COLUMN
+        raise InputError(f"{source}: not a readable Parquet file ({said})") from None
+    return table
 
 
 def read_files(files: Iterable[str]) -> pa.Table:
