@@ -111,13 +111,28 @@ class LocalFS:
         return os.path.isdir(self.path(text))
 
     def files(self, text: str) -> list[tuple[str, str]]:
-        """(location, path below ``text``) of every file under directory ``text``."""
+        """(location, path below ``text``) of every file under directory ``text``. Raises ``InputError`` for an
+        entry no engine could read alike: a symbolic link to a directory anywhere in the tree (Hadoop follows it,
+        into a loop when it links back, and a walk of the tree does not: name the directory itself); and outside
+        names starting with ``.`` or ``_``, which are skipped, a name that is not UTF-8 (Hadoop does not list it)
+        or a symbolic link to nothing."""
         root = self.path(text)
         found = []
-        for directory, _, names in os.walk(root):
-            for name in names:
+        for directory, subdirectories, names in os.walk(root):
+            for name in [*subdirectories, *names]:
                 full = os.path.join(directory, name)
-                found.append((full, os.path.relpath(full, root).replace(os.sep, "/")))
+                shown = os.fsencode(full).decode("utf-8", "backslashreplace")
+                if name in subdirectories and os.path.islink(full):
+                    raise InputError(f"{shown}: a symbolic link to a directory inside a trace directory (Hadoop "
+                                     f"would follow it, the other engines would not); name the directory itself")
+                relative = os.path.relpath(full, root).replace(os.sep, "/")
+                if name in subdirectories or _hidden(relative):
+                    continue
+                if shown != full:
+                    raise InputError(f"{shown}: a name that is not UTF-8 (Spark's Hadoop cannot list it); rename it")
+                if os.path.islink(full) and not os.path.exists(full):
+                    raise InputError(f"{full}: a symbolic link to nothing")
+                found.append((full, relative))
         return found
 
     def location(self, text: str) -> str:
@@ -178,6 +193,8 @@ class HadoopFS:
             return bool(fs.exists(path) and fs.getFileStatus(path).isDirectory())
 
     def files(self, text: str) -> list[tuple[str, str]]:
+        if not has_scheme(text) or file_uri_path(text) is not None:
+            LocalFS("spark").files(text)  # a local tree's entries no engine reads alike are refused as everywhere
         with self.failing(text):
             fs, path = self._fs(text)
             root = fs.makeQualified(path).toString().rstrip("/") + "/"
@@ -347,6 +364,21 @@ def flat_type_problems(columns: dict[str, str], where: str) -> list[str]:
     return problems
 
 
+#: Arrow's other layouts of one Parquet string column: what the file stores is a string either way (the file's
+#: ARROW:schema, which only pyarrow reads, names the layout its writer held in memory), so every engine reads it
+#: as ``string``, as Spark, which reads the Parquet column itself, always did.
+STRING_LAYOUTS = frozenset({"large_string", "string_view"})
+
+
+def arrow_type_text(kind: Any) -> str:
+    """The type a Parquet column read by pyarrow stands for in the flat layout: a dictionary's values, and
+    ``string`` for every string layout."""
+    import pyarrow as pa
+
+    text = str(kind.value_type if pa.types.is_dictionary(kind) else kind)
+    return "string" if text in STRING_LAYOUTS else text
+
+
 def check_local_parquet(files: Iterable[str]) -> None:
     """Raise ``InputError`` when a Parquet file cannot be read or its columns are not the flat layout's."""
     import pyarrow as pa
@@ -358,7 +390,7 @@ def check_local_parquet(files: Iterable[str]) -> None:
             schema = pq.read_schema(path)
         except (OSError, pa.ArrowException) as exc:
             raise InputError(f"{path}: not a readable Parquet file ({exc})") from None
-        columns = {f.name: str(f.type.value_type if pa.types.is_dictionary(f.type) else f.type) for f in schema}
+        columns = {f.name: arrow_type_text(f.type) for f in schema}
         problems += flat_type_problems(columns, path)
     if problems:
         raise InputError("Parquet columns do not match the trace layout: " + "; ".join(problems[:5])
