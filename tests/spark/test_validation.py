@@ -144,6 +144,50 @@ def parquet_cases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[P
 VALID_PARQUET = ("another_nodes_line",)
 
 
+@pytest.fixture(scope="module")
+def string_cases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The mesh fixture as one Parquet file with a string column's bytes not UTF-8 (``bad_*``: unreadable to every
+    engine, a usage error naming the file), or a string column in another Arrow layout (``layout_*``: the same
+    Parquet strings, read as they are)."""
+    root = tmp_path_factory.mktemp("string-cases")
+    rows = fmt.read_jsonl([Path(__file__).resolve().parents[2] / "fixtures" / "traces" / "mesh"]).rows
+    table = fmt.rows_to_table(rows)
+    made = {}
+
+    def write(name: str, changed: pa.Table) -> None:
+        (root / name).mkdir()
+        pq.write_table(changed, root / name / "part-0.parquet")
+        made[name] = root / name / "part-0.parquet"
+
+    for name, kind, column, raw in (("bad_node", "sse_event", "node", b"daemon-\xff"),
+                                    ("bad_mesh_surrogate", "accept_commit", "mesh", b"m\xed\xa0\x80"),
+                                    ("bad_client_message_id", "outbox_transition", "client_message_id", b"\xc3(")):
+        index = next(k for k, r in enumerate(rows) if r["kind"] == kind)
+        values = [None if v is None else v.encode() for v in table[column].to_pylist()]
+        values[index] = raw
+        column_index = fmt.COLUMNS.index(column)
+        write(name, table.set_column(column_index, column, pa.array(values, pa.binary()).view(pa.string())))
+    write("layout_large_string", table.set_column(fmt.COLUMNS.index("node"), "node",
+                                                  table["node"].cast(pa.large_string())))
+    write("layout_string_view", table.set_column(fmt.COLUMNS.index("kind"), "kind",
+                                                 table["kind"].cast(pa.string_view())))
+    return made
+
+
+def check_string_cases(string_cases: dict[str, Path], check, err) -> None:
+    """``check(argv)`` runs ``meshtrace check`` with one engine and ``err()`` reads what it printed to stderr."""
+    for name, path in string_cases.items():
+        if name.startswith("layout_"):
+            assert check([str(path.parent)]) == 0, name
+            continue
+        for tolerate in ([], ["--tolerate", "invalid"]):
+            assert check([str(path.parent), *tolerate]) == 2, name
+            said = err()
+            assert f"{path}: not a readable Parquet file (a string column holds bytes that are not UTF-8)" in said, \
+                (name, said)
+            assert "Traceback" not in said
+
+
 def _shared_line_cases(root: Path, rows: list[dict]) -> dict[str, tuple[Path, list[tuple[str, str]]]]:
     """(node, line) positions held by more than one row: every one of those rows is ``layout``, within one file,
     across two buckets' files and three times over; a line another node holds too, and rows without a node, are
@@ -195,6 +239,62 @@ def test_parquet_rows_are_judged_by_the_same_rules(parquet_cases, tmp_path: Path
         else:
             assert [(e["where"], e["reason"]) for e in document["invalid"]["lines"]] == want, name
             assert document["invalid"]["count"] == len(want), name
+
+
+@pytest.mark.parametrize("engine", ["oracle", "duckdb"])
+def test_a_string_not_utf8_makes_its_file_unreadable_and_string_layouts_are_strings(string_cases, capsys,
+                                                                                     engine: str):
+    check_string_cases(string_cases, lambda argv: meshtrace(["check", *argv, "--engine", engine]),
+                       lambda: capsys.readouterr().err)
+    assert meshtrace(["validate", str(string_cases["bad_node"].parent)]) == 2
+
+
+def tree_cases(root: Path) -> dict[str, tuple[Path, str]]:
+    """Trace directories holding an entry no engine would read alike, and what every engine says of it (exit 2): a
+    file name that is not UTF-8, a symbolic link to nothing, a symbolic link to a directory -- inside a
+    subdirectory too; each beside a valid file. The first two are skipped under a name starting with ``_``; a link
+    to a directory is refused there too (Hadoop would follow it, here into a loop: it links to the tree's parent)."""
+    line = json.dumps({"v": 1, "source": "daemon", "node": "n", "seq": 0, "ts_ms": 1, "kind": "sse_event",
+                       "event_id": 1, "event": "peer_join"}).encode() + b"\n"
+    made = {}
+    for name, deeper in (("flat", ""), ("nested", "sub/")):
+        cases = {"not_utf8": lambda d: (d / "daemon-\udcff.jsonl").write_bytes(line),
+                 "dangling": lambda d: (d / "x.jsonl").symlink_to(root / "nowhere.jsonl"),
+                 "directory_link": lambda d: (d / "linked").symlink_to(root, target_is_directory=True)}
+        says = {"not_utf8": "daemon-\\xff.jsonl: a name that is not UTF-8 (Spark's Hadoop cannot list it); rename it",
+                "dangling": "x.jsonl: a symbolic link to nothing",
+                "directory_link": "linked: a symbolic link to a directory inside a trace directory"}
+        for case, make in cases.items():
+            trace = root / f"{name}-{case}"
+            (trace / deeper).mkdir(parents=True)
+            (trace / "a.jsonl").write_bytes(line)
+            make(trace / deeper)
+            made[f"{name}-{case}"] = (trace, f"{trace}/{deeper}{says[case]}")
+            skipped = root / f"{name}-{case}-skipped"
+            (skipped / "_hidden" / deeper).mkdir(parents=True)
+            (skipped / "a.jsonl").write_bytes(line)
+            make(skipped / "_hidden" / deeper)
+            made[f"{name}-{case}-skipped"] = (skipped, f"{skipped}/_hidden/{deeper}{says[case]}"
+                                                 if case == "directory_link" else "")
+    return made
+
+
+def check_tree_cases(root: Path, check, err) -> None:
+    for name, (trace, says) in tree_cases(root).items():
+        code = check([str(trace)])
+        said = err()
+        if not says:  # skipped, as every name starting with _ is
+            assert code == 0, (name, said)
+            continue
+        assert code == 2, name
+        assert f"meshtrace check: {says}" in said, (name, said)
+        assert "Traceback" not in said
+
+
+@pytest.mark.parametrize("engine", ["oracle", "duckdb"])
+def test_a_tree_entry_no_engine_reads_alike_is_a_usage_error(tmp_path: Path, capsys, engine: str):
+    check_tree_cases(tmp_path, lambda argv: meshtrace(["check", *argv, "--engine", engine]),
+                     lambda: capsys.readouterr().err)
 
 
 @pytest.mark.parametrize("engine", ["oracle", "duckdb"])

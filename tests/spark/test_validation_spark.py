@@ -8,13 +8,16 @@ import os
 from pathlib import Path
 
 import pytest
-from test_validation import (  # noqa: F401 (parquet_cases is a fixture)
+from test_validation import (  # noqa: F401 (parquet_cases and string_cases are fixtures)
     CASES,
     CORPUS,
     VALID_PARQUET,
     check_percent_encoded,
+    check_string_cases,
+    check_tree_cases,
     parquet_cases,
     run,
+    string_cases,
     wanted,
 )
 
@@ -82,3 +85,21 @@ def test_spark_exit_codes_parquet_and_uris(spark, parquet_cases, tmp_path: Path,
         os.link(f, tmp_path / "linked" / f"{f.parent.name}-{f.name}")
     code, document = spark_check(str(trace), str(tmp_path / "linked"))
     assert (code, document["events"]) == (0, 29)
+
+
+@pytest.mark.spark
+def test_spark_finds_a_string_not_utf8_and_reads_string_layouts(spark, string_cases, capsys):  # noqa: F811
+    """Spark reads a string column's bytes as they are: every row's strings are checked in the read's pass, and a
+    file holding one that is not UTF-8 is refused by its name (as listed: a file URI), as DuckDB and pyarrow refuse
+    it."""
+    check_string_cases(string_cases,
+                       lambda argv: meshtrace(["check", *argv, "--engine", "spark", "--master", "local[2]"]),
+                       lambda: capsys.readouterr().err)
+
+
+@pytest.mark.spark
+def test_spark_refuses_a_tree_entry_no_engine_reads_alike(spark, tmp_path: Path, capsys):
+    """Hadoop skips a name that is not UTF-8 and a link to nothing, and follows a link to a directory: a local tree
+    is walked as the other engines walk it first, and refused with the same words."""
+    check_tree_cases(tmp_path, lambda argv: meshtrace(["check", *argv, "--engine", "spark", "--master", "local[2]"]),
+                     lambda: capsys.readouterr().err)
