@@ -29,8 +29,10 @@ cluster.
 3. The reported violations' events and evidence are fetched with broadcast joins.
 
 Shuffled rows stay narrow: a node is its index in name order, an event reference is one long ``(node index << 44) |
-seq`` (ordering by it is ordering by (node, seq)), and ids and fingerprints travel as 64-bit hashes (a subject key is
-two independent hashes). Keys and evidence are read back from the events themselves.
+seq`` (ordering by it is ordering by (node, seq)), and a key travels as two independent 64- and 32-bit hashes (a
+subject's, an outbox row's). Values the invariants compare (an outbox_id, a request fingerprint) are compared as
+they are, never by a hash, which can be made to collide. Keys and evidence are read back from the events
+themselves.
 """
 
 from __future__ import annotations
@@ -361,9 +363,6 @@ class SparkChecker:
         def code(column: str):
             return F.array_position(states, F.col(column)).cast("int")
 
-        def hashed(column: str):
-            return F.when(F.col(column).isNull(), F.lit(None).cast("long")).otherwise(F.xxhash64(column))
-
         legal = legal_transitions(self.tables)
         legal_map = F.create_map(*[x for key, delta in legal.items() for x in (F.lit(key), F.lit(delta))])
         is_ot = F.col("kind") == OT
@@ -390,7 +389,10 @@ class SparkChecker:
                   + bits(made.cast("int"), 22))
         rows = ev.filter(F.col("kind").isin(OT, IPC)).select(
             "ni", "seq", "line", F.xxhash64("client_message_id").alias("c1"), F.hash("client_message_id").alias("c2"),
-            hashed("outbox_id").alias("oid"), hashed("request_fingerprint").alias("fp"),
+            # ids and fingerprints compared as they are (a 64-bit hash of each can be made to collide); an
+            # outbox row's key is two independent hashes, as a subject's is
+            F.col("outbox_id").alias("oid"), F.xxhash64("outbox_id").alias("o1"), F.hash("outbox_id").alias("o2"),
+            F.col("request_fingerprint").alias("fp"),
             F.col("attempts").cast("long").alias("att"), F.col("max_age_at_ms").cast("long").alias("mag"),
             F.col("enqueued_at_ms").cast("long").alias("enq"), packed.alias("bits"))
         if heavy:
@@ -476,7 +478,7 @@ class SparkChecker:
                     .when(F.col("mav"), "max-age-aged-out").when(raised, "max-age-raised")
                     .otherwise("max-age-enqueued-changed"))
         moved_ref = {"pk": F.when(moved, self._pk(seq=p["seq"])), "line": F.when(moved, p["line"])}
-        zero, gs = F.lit(0), F.col("ni")
+        gs, o1, o2 = F.col("ni"), F.col("o1"), F.col("o2")
 
         def match_text(column):
             return F.when(column == 0, "null").when(column == 1, "true").when(column == 2, "false")
@@ -498,14 +500,14 @@ class SparkChecker:
                                                                                   match_text(F.col("fm"))))))
         return self._resolve_starts(ev, self._explode(
             windowed,
-            (outbox, self._candidate("TRC-OUTBOX-LEGAL", gs, F.col("oid"), zero, event, same_ref, outbox_case,
+            (outbox, self._candidate("TRC-OUTBOX-LEGAL", gs, o1, o2, event, same_ref, outbox_case,
                                      fact=expected_attempts)),
             (ipc, self._candidate("TRC-IPC-CONSISTENT", gs, F.col("c1"), F.col("c2"), event, known_ref, ipc_case,
                                   fact=ipc_fact)),
-            (frozen, self._candidate("TRC-FP-FROZEN", gs, F.col("oid"), zero, event, first_ref, "fp-changed")),
+            (frozen, self._candidate("TRC-FP-FROZEN", gs, o1, o2, event, first_ref, "fp-changed")),
             (freed, self._candidate("TRC-ID-NEVER-FREED", gs, F.col("c1"), F.col("c2"), event, first_ref,
                                     "id-freed")),
-            (F.col("mav") | moved, self._candidate("TRC-MAX-AGE", gs, F.col("oid"), zero, event, moved_ref,
+            (F.col("mav") | moved, self._candidate("TRC-MAX-AGE", gs, o1, o2, event, moved_ref,
                                                    age_case))))
 
     @staticmethod
@@ -533,18 +535,20 @@ class SparkChecker:
         from pyspark.sql import functions as F
 
         decided = ev.filter(self._creating_decision() & F.col("outbox_id").isNotNull()).select(
-            "ni", F.xxhash64("outbox_id").alias("oid"))
+            "ni", F.xxhash64("outbox_id").alias("o1"), F.hash("outbox_id").alias("o2"))
         creating = self._among(("from_state", "event", "to_state"), self.tables.creating_transitions)
         requeued = ev.filter((F.col("kind") == OT) & creating & F.col("superseded_by").isNotNull()
                              & (F.col("superseded_by") != F.col("outbox_id"))).select(
-            "ni", F.xxhash64("superseded_by").alias("oid"))
+            "ni", F.xxhash64("superseded_by").alias("o1"), F.hash("superseded_by").alias("o2"))
+        # the outbox row's key as _rows gives it: two independent hashes of its id
         created = decided.unionByName(requeued).select(
-            F.coalesce(F.col("ni").cast("string"), F.lit("")).alias("c_gs"), F.col("oid").cast("long").alias("c_g1"),
-            F.lit(True).alias("created")).dropDuplicates(["c_gs", "c_g1"])
+            F.coalesce(F.col("ni").cast("string"), F.lit("")).alias("c_gs"), F.col("o1").cast("long").alias("c_g1"),
+            F.col("o2").cast("long").alias("c_g2"), F.lit(True).alias("created")).dropDuplicates(["c_gs", "c_g1",
+                                                                                                 "c_g2"])
         case = F.col("detail.case")
         starting = case.isin(START, START_ATTEMPTS)
-        joined = candidates.join(created, starting & (F.col("gs") == F.col("c_gs")) & (F.col("g1") == F.col("c_g1")),
-                                 "left")
+        joined = candidates.join(created, starting & (F.col("gs") == F.col("c_gs")) & (F.col("g1") == F.col("c_g1"))
+                                 & (F.col("g2") == F.col("c_g2")), "left")
         made = F.coalesce(F.col("created"), F.lit(False))
         resolved = (F.when(~starting, case).when(~made, "outbox-from")
                     .when(case == START_ATTEMPTS, "outbox-attempts"))
@@ -730,7 +734,7 @@ class SparkChecker:
         pairs = ev.filter((F.col("kind") == OT) & (F.col("event") == "requeue")
                           & (successor | (F.col("to_state") == "aborted"))).select(
             "ni", F.xxhash64(k).alias("k1"), F.hash(k).alias("k2"), successor.alias("successor"),
-            self._pk().alias("pk"), "line", F.xxhash64("request_fingerprint").alias("fp"), "table_row",
+            self._pk().alias("pk"), "line", F.col("request_fingerprint").alias("fp"), "table_row",
             legal.alias("legal"))
 
         def first(is_successor: bool, name: str) -> list[Any]:
@@ -745,13 +749,14 @@ class SparkChecker:
         event = {"pk": F.col("new_pk"), "line": F.col("new_line")}
         related = {"pk": F.col("old_pk"), "line": F.col("old_line")}
         orphan = F.col("old_pk").isNull()
-        zero = F.lit(0)  # the key's g2 as _rows gives it: one violation per (node, outbox_id) across both
+        # the key as _rows gives it, two hashes of the outbox_id: one violation per (node, outbox_id) across both
+        k1, k2 = F.col("k1"), F.col("k2")
         return self._explode(pairs, (
-            F.col("new_pk").isNotNull() & F.col("old_pk").isNotNull() & (F.col("new_fp") != F.col("old_fp")),
-            self._candidate("TRC-FP-FROZEN", F.col("ni"), F.col("k1"), zero, event, related, "fp-successor",
+            F.col("new_pk").isNotNull() & F.col("old_pk").isNotNull() & ~F.col("new_fp").eqNullSafe(F.col("old_fp")),
+            self._candidate("TRC-FP-FROZEN", F.col("ni"), k1, k2, event, related, "fp-successor",
                             mode="pair")), (
             F.col("new_pk").isNotNull() & F.col("new_legal") & (orphan | (F.col("new_row") != F.col("old_row"))),
-            self._candidate("TRC-OUTBOX-LEGAL", F.col("ni"), F.col("k1"), zero, event,
+            self._candidate("TRC-OUTBOX-LEGAL", F.col("ni"), k1, k2, event,
                             {"pk": F.when(~orphan, F.col("old_pk")), "line": F.when(~orphan, F.col("old_line"))},
                             F.when(orphan, "outbox-successor-orphan").otherwise("outbox-successor-row"),
                             mode="pair")))
@@ -803,13 +808,6 @@ class SparkChecker:
                 .unionByName(self._ordered(ev.filter(inserted & F.col("inbox_seq").isNotNull()), "inbox_seq",
                                            "TRC-INBOX-SEQ-MONOTONIC")))
 
-    @staticmethod
-    def _hashed(column: str):
-        """A 64-bit hash of ``column`` that stays null for null (``xxhash64`` hashes null to its seed)."""
-        from pyspark.sql import functions as F
-
-        return F.when(F.col(column).isNotNull(), F.xxhash64(column))
-
     def _new_rows(self, ev, ends):
         """TRC-NEW-ROW-TRACED and TRC-INFLIGHT-RESOLVED, in one window over (node, client_message_id) of the
         transitions and the decisions that found no row (a re-posted hot id has one), in descending seq order: the
@@ -826,8 +824,9 @@ class SparkChecker:
         is_new = self._creating_decision()
         fresh = ev.filter(is_ot | found_none | is_new).select(
             "ni", "seq", "line", "ts_ms", F.xxhash64("client_message_id").alias("c1"),
-            F.hash("client_message_id").alias("c2"), self._hashed("outbox_id").alias("oid"),
-            F.hash("outbox_id").alias("oid2"), self._hashed("request_fingerprint").alias("fp"),
+            F.hash("client_message_id").alias("c2"), F.col("outbox_id").alias("oid"),
+            F.xxhash64("outbox_id").alias("o1"), F.hash("outbox_id").alias("o2"),
+            F.col("request_fingerprint").alias("fp"),
             is_ot.alias("is_ot"), (is_ot | found_none).alias("follows"), is_new.alias("is_new"),
             (is_ot & (F.col("to_state") == "inflight")).alias("inflight"))
         down = Window.partitionBy("ni", "c1", "c2").orderBy(F.col("seq").desc(), F.col("line").desc())
@@ -857,7 +856,7 @@ class SparkChecker:
             (new & nxt.isNull() & (F.col("later") > F.col("seq")), self._candidate(
                 "TRC-NEW-ROW-TRACED", gs, c1, c2, d, None, "new-row-untraced", fact=F.col("later"))),
             (last & (F.col("ts_ms") + (self.ack_timeout + self.ack_grace) < F.col("end")), self._candidate(
-                "TRC-INFLIGHT-RESOLVED", gs, F.col("oid"), F.col("oid2"), d, None, "inflight-unresolved",
+                "TRC-INFLIGHT-RESOLVED", gs, F.col("o1"), F.col("o2"), d, None, "inflight-unresolved",
                 fact=F.col("end"))))
 
     def _duplicates(self, ev):
@@ -874,7 +873,7 @@ class SparkChecker:
         point = F.struct(self._pk().alias("pk"), "line")
         groups = ev.filter(commit | match | mismatch).select(
             F.xxhash64("mesh", "client_message_id").alias("m1"), F.hash("mesh", "client_message_id").alias("m2"),
-            self._hashed("request_fingerprint").alias("fp"), point.alias("at"), commit.alias("commit"),
+            F.col("request_fingerprint").alias("fp"), point.alias("at"), commit.alias("commit"),
             match.alias("match"), mismatch.alias("mismatch"))
         by_fp = groups.groupBy("m1", "m2", "fp").agg(
             *[F.min(F.when(F.col(flag), F.col("at"))).alias(flag) for flag in ("commit", "match", "mismatch")])
