@@ -68,6 +68,10 @@ w AS MATERIALIZED (
     last_value(CASE WHEN is_ot THEN {{'seq': seq, 'line': line, 'tos': tos, 'oid': oid, 'att': att,
                                         'mag': max_age_at_ms, 'enq': enq}} END IGNORE NULLS)
       OVER (PARTITION BY node, cmid ORDER BY seq, line ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS p,
+    -- the previous transition of the same outbox row (rows of one client_message_id may interleave)
+    last_value(CASE WHEN is_ot THEN {{'seq': seq, 'line': line, 'tos': tos, 'att': att, 'mag': max_age_at_ms,
+                                        'enq': enq}} END IGNORE NULLS)
+      OVER (PARTITION BY node, cmid, oid ORDER BY seq, line ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS r,
     first_value(CASE WHEN is_ot THEN {{'seq': seq, 'line': line, 'fp': fp}} END IGNORE NULLS)
       OVER (PARTITION BY node, cmid ORDER BY seq, line ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS f,
     last_value(CASE WHEN made THEN {{'seq': seq, 'line': line, 'fp': fp, 'oid': oid}} END IGNORE NULLS)
@@ -88,8 +92,8 @@ shown_created AS (
 wc AS (
   -- a row's first transition may start at `pending` when the trace shows the row created: a daemon stopped between
   -- the commit that created the row and its event (E-32)
-  SELECT w.*, p IS NOT NULL AND p.oid = w.oid AS same_row,
-         coalesce(CASE WHEN p IS NOT NULL AND p.oid = w.oid THEN fr IS NOT DISTINCT FROM p.tos
+  SELECT w.*, r IS NOT NULL AS same_row,
+         coalesce(CASE WHEN r IS NOT NULL THEN fr IS NOT DISTINCT FROM r.tos
                        ELSE fr = 'none' OR (fr = 'pending' AND c.oid IS NOT NULL) END, false) AS from_ok
   FROM w LEFT JOIN shown_created c ON w.is_ot AND w.fr = 'pending' AND c.node = w.node AND c.oid = w.oid),
 ledger AS MATERIALIZED (
@@ -229,14 +233,14 @@ hooks AS (
   LEFT JOIN node_end n ON n.node = h.node),
 candidates AS (
   SELECT 'TRC-OUTBOX-LEGAL' AS invariant, node || '|' || oid AS k, node, seq, line,
-         CASE WHEN same_row THEN node END AS r_node, CASE WHEN same_row THEN p.seq END AS r_seq,
-         CASE WHEN same_row THEN p.line END AS r_line, false AS by_line,
+         CASE WHEN same_row THEN node END AS r_node, CASE WHEN same_row THEN r.seq END AS r_seq,
+         CASE WHEN same_row THEN r.line END AS r_line, false AS by_line,
          CASE WHEN delta IS NULL THEN 'outbox-not-a-transition'
               WHEN NOT from_ok THEN 'outbox-from'
               ELSE 'outbox-attempts' END AS detail,
-         CAST((CASE WHEN same_row THEN p.att ELSE 0 END) + coalesce(delta, 0) AS VARCHAR) AS fact
+         CAST((CASE WHEN same_row THEN r.att ELSE 0 END) + coalesce(delta, 0) AS VARCHAR) AS fact
   FROM wc WHERE is_ot AND (delta IS NULL OR NOT from_ok
-                           OR att IS DISTINCT FROM (CASE WHEN same_row THEN p.att ELSE 0 END) + coalesce(delta, 0))
+                           OR att IS DISTINCT FROM (CASE WHEN same_row THEN r.att ELSE 0 END) + coalesce(delta, 0))
   UNION ALL
   -- what the lookup finds (k): the row as its last transition left it; before any, the row a decision created
   -- (`pending`, its fingerprint and id: the transition's event lost, E-32), else none
@@ -264,16 +268,16 @@ candidates AS (
   FROM wc WHERE is_ot AND fr = 'none' AND p IS NOT NULL
   UNION ALL
   SELECT 'TRC-MAX-AGE', node || '|' || oid, node, seq, line, CASE WHEN moved THEN node END,
-         CASE WHEN moved THEN p.seq END, CASE WHEN moved THEN p.line END, false, age_case, NULL
+         CASE WHEN moved THEN r.seq END, CASE WHEN moved THEN r.line END, false, age_case, NULL
   FROM (SELECT *, age_case IN ('max-age-raised', 'max-age-enqueued-changed') AS moved FROM (
     SELECT *,
       CASE WHEN table_row = 'OB-PENDING-DISPATCH' AND max_age_at_ms IS NOT NULL AND ts_ms > max_age_at_ms
              THEN 'max-age-dispatched'
            WHEN table_row = 'OB-PENDING-MAX-AGE' AND (max_age_at_ms IS NULL OR ts_ms <= max_age_at_ms)
              THEN 'max-age-aged-out'
-           WHEN same_row AND p.mag IS NOT NULL AND (max_age_at_ms IS NULL OR max_age_at_ms > p.mag)
+           WHEN same_row AND r.mag IS NOT NULL AND (max_age_at_ms IS NULL OR max_age_at_ms > r.mag)
              THEN 'max-age-raised'
-           WHEN same_row AND enq IS DISTINCT FROM p.enq THEN 'max-age-enqueued-changed' END AS age_case
+           WHEN same_row AND enq IS DISTINCT FROM r.enq THEN 'max-age-enqueued-changed' END AS age_case
     FROM wc WHERE is_ot))
   WHERE age_case IS NOT NULL
   UNION ALL

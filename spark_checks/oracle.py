@@ -371,7 +371,8 @@ class Oracle:
         tables = self.tables
         for (node, cmid), events in subjects.items():
             events.sort(key=lambda e: (e[0], e[2][2]))
-            last = None  # the previous transition
+            last = None  # the previous transition of the subject (any of its rows)
+            row_last: dict[Any, tuple[Any, ...]] = {}  # each row's previous transition: rows may interleave
             first = None  # the first transition
             made = None  # before any transition: the last decision creating a row (its transition's event lost, E-32)
             history: list[tuple[int, int, tuple[Any, ...]]] = []
@@ -379,10 +380,11 @@ class Oracle:
                 history.append((seq, is_ot, event))
                 if is_ot:
                     (_, _, _, _, _, _, oid, fp, from_state, to_state, ev, table_row, attempts, _, _, _, _) = event
-                    same_row = last is not None and last[6] == oid
-                    age_case = self._max_age_case(event, last if same_row else None)
+                    previous = row_last.get(oid)  # the previous transition of the same outbox row
+                    same_row = previous is not None
+                    age_case = self._max_age_case(event, previous)
                     if age_case:
-                        related = last if age_case in ("max-age-raised", "max-age-enqueued-changed") else None
+                        related = previous if age_case in ("max-age-raised", "max-age-enqueued-changed") else None
                         self._add(st, "TRC-MAX-AGE", (("node", node), ("outbox_id", oid)), event, related, age_case,
                                   self._prefix(history, event, kinds_ot_only=True, row=oid, related=related))
                     if first is None:
@@ -392,9 +394,9 @@ class Oracle:
                     # daemon stopped between the commit that created it and that event (E-32), if the trace shows
                     # the row created
                     start = not same_row and from_state == "pending"
-                    from_ok = from_state == last[9] if same_row else (
+                    from_ok = from_state == previous[9] if previous is not None else (
                         from_state == "none" or (start and (node, oid) in created))
-                    expected_attempts = (last[12] if same_row else 0) + (delta or 0)
+                    expected_attempts = (previous[12] if previous is not None else 0) + (delta or 0)
                     if start and not from_ok and delta is not None:
                         st.starts.append((event, attempts == expected_attempts, expected_attempts,
                                           self._prefix(history, event, kinds_ot_only=True, row=oid)))
@@ -402,9 +404,9 @@ class Oracle:
                         case = ("outbox-not-a-transition" if delta is None else
                                 "outbox-from" if not from_ok else "outbox-attempts")
                         self._add(st, "TRC-OUTBOX-LEGAL", (("node", node), ("outbox_id", oid)), event,
-                                  last if same_row else None, case,
-                                  self._prefix(history, event, kinds_ot_only=True, row=oid,
-                                               related=last if same_row else None), fact=expected_attempts)
+                                  previous, case,
+                                  self._prefix(history, event, kinds_ot_only=True, row=oid, related=previous),
+                                  fact=expected_attempts)
                     if fp != first[7]:
                         self._add(st, "TRC-FP-FROZEN", (("node", node), ("outbox_id", oid)), event, first,
                                   "fp-changed",
@@ -412,7 +414,7 @@ class Oracle:
                     if from_state == "none" and last is not None:
                         self._add(st, "TRC-ID-NEVER-FREED", (("node", node), ("client_message_id", cmid)), event,
                                   first, "id-freed", self._prefix(history, event, kinds_ot_only=True, related=first))
-                    last = event
+                    last = row_last[oid] = event
                 else:
                     (_, _, _, _, fp, row_state, match, table_row, http_status, oid) = event
                     # what the lookup finds: the row as its last transition left it; before any, the row a decision

@@ -415,13 +415,18 @@ class SparkChecker:
                            (field(22, 1) == 1).alias("made"))
         key = ["ni", "c1", "c2", "chunk"]
         w = Window.partitionBy(*key).orderBy("seq", "line")
-        transition = F.struct("seq", "line", "to", "oid", "att", "mag", "enq")
+        transition = F.struct("seq", "line", "to", "oid")
         first = F.struct("seq", "line", "fp")
         creation = F.struct("seq", "line", "fp", "oid")
+        # the previous transition of the same outbox row: rows of one client_message_id may interleave
+        w_row = Window.partitionBy(*key, "o1", "o2").orderBy("seq", "line")
+        row_transition = F.struct("seq", "line", "to", "att", "mag", "enq")
         windowed = rows.select(
             "*",
             F.last(F.when(F.col("is_ot"), transition), ignorenulls=True)
             .over(w.rowsBetween(Window.unboundedPreceding, -1)).alias("w_prev"),
+            F.last(F.when(F.col("is_ot"), row_transition), ignorenulls=True)
+            .over(w_row.rowsBetween(Window.unboundedPreceding, -1)).alias("w_row"),
             F.last(F.when(F.col("made"), creation), ignorenulls=True)
             .over(w.rowsBetween(Window.unboundedPreceding, -1)).alias("w_made"),
             F.first(F.when(F.col("is_ot"), first), ignorenulls=True)
@@ -435,26 +440,33 @@ class SparkChecker:
             carry = summary.select(*key, F.last("last_t", ignorenulls=True).over(ws).alias("c_prev"),
                                    F.first("first_t", ignorenulls=True).over(ws).alias("c_first"),
                                    F.last("made_t", ignorenulls=True).over(ws).alias("c_made"))
-            windowed = windowed.join(F.broadcast(carry), key, "left")
+            row_summary = windowed.filter((F.col("chunk") > 0) & F.col("is_ot")).groupBy(*key, "o1", "o2").agg(
+                F.max(row_transition).alias("last_r"))
+            wr = (Window.partitionBy("ni", "c1", "c2", "o1", "o2").orderBy("chunk")
+                  .rowsBetween(Window.unboundedPreceding, -1))
+            row_carry = row_summary.select(*key, "o1", "o2", F.last("last_r", ignorenulls=True).over(wr).alias("c_row"))
+            windowed = (windowed.join(F.broadcast(carry), key, "left")
+                        .join(F.broadcast(row_carry), [*key, "o1", "o2"], "left"))
+            row_prev = F.coalesce(F.col("w_row"), F.col("c_row"))
             prev = F.coalesce(F.col("w_prev"), F.col("c_prev"))
             first_t = F.coalesce(F.col("c_first"), F.col("w_first"))
             made_t = F.coalesce(F.col("w_made"), F.col("c_made"))
         else:
-            prev, first_t, made_t = F.col("w_prev"), F.col("w_first"), F.col("w_made")
-        windowed = windowed.select("*", prev.alias("p"), first_t.alias("f"), made_t.alias("m"))
-        p, f, m = F.col("p"), F.col("f"), F.col("m")
-        same_row = p.isNotNull() & (p["oid"] == F.col("oid"))
+            row_prev, prev, first_t, made_t = F.col("w_row"), F.col("w_prev"), F.col("w_first"), F.col("w_made")
+        windowed = windowed.select("*", row_prev.alias("r"), prev.alias("p"), first_t.alias("f"), made_t.alias("m"))
+        r, p, f, m = F.col("r"), F.col("p"), F.col("f"), F.col("m")
+        same_row = F.col("is_ot") & r.isNotNull()
         # a row's first transition may start at `pending` when the trace shows the row created: a daemon stopped
         # between the commit that created the row and its event (E-32). Such a start (rare) is a candidate of its
         # own case, resolved against the created rows after the window (_resolve_starts).
         start = F.col("is_ot") & ~same_row & (F.col("fr") == PENDING_CODE)
-        from_ok = F.coalesce(F.when(same_row, F.col("fr").eqNullSafe(p["to"])).otherwise(F.col("fr") == NONE_CODE),
+        from_ok = F.coalesce(F.when(same_row, F.col("fr").eqNullSafe(r["to"])).otherwise(F.col("fr") == NONE_CODE),
                              F.lit(False))
-        expected_attempts = F.when(same_row, p["att"]).otherwise(F.lit(0)) + F.greatest(F.col("delta"), F.lit(0))
+        expected_attempts = F.when(same_row, r["att"]).otherwise(F.lit(0)) + F.greatest(F.col("delta"), F.lit(0))
         pk = self._pk()
         event = {"pk": pk, "line": F.col("line")}
         first_ref = {"pk": self._pk(seq=f["seq"]), "line": f["line"]}
-        same_ref = {"pk": F.when(same_row, self._pk(seq=p["seq"])), "line": F.when(same_row, p["line"])}
+        same_ref = {"pk": F.when(same_row, self._pk(seq=r["seq"])), "line": F.when(same_row, r["line"])}
         ot = F.col("is_ot")
         attempts_ok = F.col("att").eqNullSafe(expected_attempts)
         outbox = ot & ((F.col("delta") < 0) | ~from_ok | ~attempts_ok)
@@ -472,12 +484,12 @@ class SparkChecker:
         frozen = ot & ~F.col("fp").eqNullSafe(f["fp"])
         freed = ot & (F.col("fr") == NONE_CODE) & p.isNotNull()
         # TRC-MAX-AGE beyond the event itself: the row's previous transition had a lower deadline or another enqueue
-        raised = ot & same_row & p["mag"].isNotNull() & (F.col("mag").isNull() | (F.col("mag") > p["mag"]))
-        moved = ~F.col("mav") & (raised | (ot & same_row & ~F.col("enq").eqNullSafe(p["enq"])))
+        raised = ot & same_row & r["mag"].isNotNull() & (F.col("mag").isNull() | (F.col("mag") > r["mag"]))
+        moved = ~F.col("mav") & (raised | (ot & same_row & ~F.col("enq").eqNullSafe(r["enq"])))
         age_case = (F.when(F.col("mav") & F.col("dispatch"), "max-age-dispatched")
                     .when(F.col("mav"), "max-age-aged-out").when(raised, "max-age-raised")
                     .otherwise("max-age-enqueued-changed"))
-        moved_ref = {"pk": F.when(moved, self._pk(seq=p["seq"])), "line": F.when(moved, p["line"])}
+        moved_ref = {"pk": F.when(moved, self._pk(seq=r["seq"])), "line": F.when(moved, r["line"])}
         gs, o1, o2 = F.col("ni"), F.col("o1"), F.col("o2")
 
         def match_text(column):

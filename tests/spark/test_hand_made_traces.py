@@ -217,6 +217,37 @@ def max_age_kept() -> tuple[list[Any], set[Identity], str]:
     return [daemon], found, "TRC-MAX-AGE"
 
 
+def interleaved_rows() -> tuple[list[Any], set[Identity], str]:
+    """Two rows of one client_message_id whose transitions interleave (the second row is the TRC-ID-NEVER-FREED
+    violation): each row's transition is compared with the previous transition of the same row, not with the other
+    row's that came between them -- so a legal step is not reported, and a moved deadline, a moved enqueue time, a
+    wrong `from` and wrong attempts are, each against its own row's previous transition."""
+    daemon = Daemon("daemon-mix")
+    cmid = "x-1"
+
+    def key(n: int) -> tuple[tuple[str, str], ...]:
+        return (("node", "daemon-mix"), ("outbox_id", ulid(n)))
+
+    first = daemon.transition(ulid(11), cmid, A, "none", "pending", "accept", "OB-NONE-ACCEPT", 0)
+    daemon.transition(ulid(11), cmid, A, "pending", "inflight", "dispatch", "OB-PENDING-DISPATCH", 1)
+    second = daemon.transition(ulid(12), cmid, A, "none", "pending", "accept", "OB-NONE-ACCEPT", 0)
+    back = daemon.transition(ulid(11), cmid, A, "inflight", "pending", "ack_timeout", "OB-INFLIGHT-FAILED", 1)
+    raised = daemon.transition(ulid(11), cmid, A, "pending", "inflight", "dispatch", "OB-PENDING-DISPATCH", 2)
+    raised["max_age_at_ms"] += 60_000
+    moved = daemon.transition(ulid(12), cmid, A, "pending", "inflight", "dispatch", "OB-PENDING-DISPATCH", 1)
+    moved["enqueued_at_ms"] += 1
+    wrong_from = daemon.transition(ulid(11), cmid, A, "pending", "inflight", "dispatch", "OB-PENDING-DISPATCH", 3)
+    wrong_attempts = daemon.transition(ulid(12), cmid, A, "inflight", "pending", "ack_timeout", "OB-INFLIGHT-FAILED", 2)
+    wrong_attempts["enqueued_at_ms"] += 1  # as the row's previous transition has it
+    return [daemon], {
+        ("TRC-ID-NEVER-FREED", (("node", "daemon-mix"), ("client_message_id", cmid)), at(second), at(first)),
+        ("TRC-MAX-AGE", key(11), at(raised), at(back)),
+        ("TRC-MAX-AGE", key(12), at(moved), at(second)),
+        ("TRC-OUTBOX-LEGAL", key(11), at(wrong_from), at(raised)),
+        ("TRC-OUTBOX-LEGAL", key(12), at(wrong_attempts), at(moved)),
+    }, ""
+
+
 def acks_name_deliveries() -> tuple[list[Any], set[Identity], str]:
     broker = Broker("broker-acks", mesh="m3")
     other = "ef" * 32
@@ -426,6 +457,7 @@ CASES: dict[str, Callable[[], tuple[list[Any], set[Identity], str]]] = {
     "TRC-DELIVERY-ACKED": acks_name_deliveries,
     "TRC-OUTBOX-LEGAL": outbox_first_and_successors,
     "TRC-MESSAGE-EVENT-NEW-ROW": message_events,
+    "interleaved rows": interleaved_rows,
 }
 
 
@@ -472,7 +504,7 @@ def test_the_oracle_does_not_trust_a_parquet_layout(tmp_path: Path):
     generate(tmp_path / "generated", Params(events=3000, daemons=4, seed=5))
     assert not fmt.split_subjects(groups(tmp_path / "generated" / "events"))
     by_oracle, by_duck = oracle.check(tmp_path / "rolled"), duck.check(tmp_path / "rolled")
-    assert len(by_oracle.violations) == 44
+    assert len(by_oracle.violations) == 49
     assert by_oracle.identities() == by_duck.identities() == oracle.check(tmp_path / "bucketed").identities()
     assert {v.identity: v.detail for v in by_duck.violations} == {v.identity: v.detail for v in by_oracle.violations}
 
@@ -485,7 +517,7 @@ def test_spark_reports_the_same_in_one_run_over_every_case(spark, tmp_path: Path
     fmt.convert_jsonl(files, tmp_path / "parquet")
     by_spark = SparkChecker(spark, chunk=4, limit=None).check(tmp_path / "parquet")  # chunk boundaries everywhere
     by_oracle = oracle.check(tmp_path / "parquet")  # the same input: evidence from JSONL also names file:line
-    assert len(by_oracle.violations) == 44
+    assert len(by_oracle.violations) == 49
     assert same_answers(by_spark, by_oracle) == []
 
 
