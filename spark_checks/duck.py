@@ -232,7 +232,7 @@ hooks AS (
     GROUP BY ALL) h
   LEFT JOIN node_end n ON n.node = h.node),
 candidates AS (
-  SELECT 'TRC-OUTBOX-LEGAL' AS invariant, node || '|' || oid AS k, node, seq, line,
+  SELECT 'TRC-OUTBOX-LEGAL' AS invariant, [node, oid] AS k, node, seq, line,
          CASE WHEN same_row THEN node END AS r_node, CASE WHEN same_row THEN r.seq END AS r_seq,
          CASE WHEN same_row THEN r.line END AS r_line, false AS by_line,
          CASE WHEN delta IS NULL THEN 'outbox-not-a-transition'
@@ -244,7 +244,7 @@ candidates AS (
   UNION ALL
   -- what the lookup finds (k): the row as its last transition left it; before any, the row a decision created
   -- (`pending`, its fingerprint and id: the transition's event lost, E-32), else none
-  SELECT 'TRC-IPC-CONSISTENT', node || '|' || cmid, node, seq, line, CASE WHEN k IS NOT NULL THEN node END, k.seq,
+  SELECT 'TRC-IPC-CONSISTENT', [node, cmid], node, seq, line, CASE WHEN k IS NOT NULL THEN node END, k.seq,
          k.line, false,
          CASE WHEN st IS DISTINCT FROM coalesce(k.tos, 'none') THEN 'ipc-row-state'
               WHEN fm IS DISTINCT FROM xm THEN 'ipc-fingerprint-match'
@@ -261,13 +261,13 @@ candidates AS (
   WHERE st IS DISTINCT FROM coalesce(k.tos, 'none') OR fm IS DISTINCT FROM xm OR NOT tok
         OR (k IS NOT NULL AND oid IS NOT NULL AND oid <> k.oid)
   UNION ALL
-  SELECT 'TRC-FP-FROZEN', node || '|' || oid, node, seq, line, node, f.seq, f.line, false, 'fp-changed', NULL
+  SELECT 'TRC-FP-FROZEN', [node, oid], node, seq, line, node, f.seq, f.line, false, 'fp-changed', NULL
   FROM wc WHERE is_ot AND fp IS DISTINCT FROM f.fp
   UNION ALL
-  SELECT 'TRC-ID-NEVER-FREED', node || '|' || cmid, node, seq, line, node, f.seq, f.line, false, 'id-freed', NULL
+  SELECT 'TRC-ID-NEVER-FREED', [node, cmid], node, seq, line, node, f.seq, f.line, false, 'id-freed', NULL
   FROM wc WHERE is_ot AND fr = 'none' AND p IS NOT NULL
   UNION ALL
-  SELECT 'TRC-MAX-AGE', node || '|' || oid, node, seq, line, CASE WHEN moved THEN node END,
+  SELECT 'TRC-MAX-AGE', [node, oid], node, seq, line, CASE WHEN moved THEN node END,
          CASE WHEN moved THEN r.seq END, CASE WHEN moved THEN r.line END, false, age_case, NULL
   FROM (SELECT *, age_case IN ('max-age-raised', 'max-age-enqueued-changed') AS moved FROM (
     SELECT *,
@@ -281,111 +281,111 @@ candidates AS (
     FROM wc WHERE is_ot))
   WHERE age_case IS NOT NULL
   UNION ALL
-  SELECT 'TRC-SIDE-EFFECTS', mesh || '|' || cmid, bad[1], bad[2], bad[3], NULL, NULL, NULL, false,
+  SELECT 'TRC-SIDE-EFFECTS', [mesh, cmid], bad[1], bad[2], bad[3], NULL, NULL, NULL, false,
          'side-effects-counts', NULL
   FROM ledger WHERE bad IS NOT NULL
   UNION ALL
-  SELECT 'TRC-SIDE-EFFECTS', mesh || '|' || cmid, accept[1], accept[2], accept[3], NULL, NULL, NULL, false,
+  SELECT 'TRC-SIDE-EFFECTS', [mesh, cmid], accept[1], accept[2], accept[3], NULL, NULL, NULL, false,
          'side-effects-uncommitted', NULL
   FROM ledger WHERE accept IS NOT NULL AND commits = 0
   UNION ALL
-  SELECT 'TRC-DONE-HAS-MESSAGE', mesh || '|' || cmid, done[1], done[2], done[3], NULL, NULL, NULL, false,
+  SELECT 'TRC-DONE-HAS-MESSAGE', [mesh, cmid], done[1], done[2], done[3], NULL, NULL, NULL, false,
          'done-uncommitted', NULL
   FROM ledger WHERE done IS NOT NULL AND commits = 0 AND scope
   UNION ALL
-  SELECT 'TRC-DELIVERY-COMMITTED', mesh || '|' || cmid, delivery[1], delivery[2], delivery[3], NULL, NULL, NULL,
+  SELECT 'TRC-DELIVERY-COMMITTED', [mesh, cmid], delivery[1], delivery[2], delivery[3], NULL, NULL, NULL,
          false, 'delivery-uncommitted', NULL
   FROM ledger WHERE delivery IS NOT NULL AND commits = 0
   UNION ALL
-  SELECT 'TRC-ONE-MESSAGE', mesh || '|' || cmid, high[1], high[2], high[3], low[1], low[2], low[3], false,
+  SELECT 'TRC-ONE-MESSAGE', [mesh, cmid], high[1], high[2], high[3], low[1], low[2], low[3], false,
          'one-message-messages', CAST(n AS VARCHAR)
   FROM messages WHERE n > 1
   UNION ALL
-  SELECT 'TRC-ONE-MESSAGE', mesh || '|' || cmid, commit_last[1], commit_last[2], commit_last[3], commit_first[1],
+  SELECT 'TRC-ONE-MESSAGE', [mesh, cmid], commit_last[1], commit_last[2], commit_last[3], commit_first[1],
          commit_first[2], commit_first[3], false, 'one-message-commits', CAST(commits AS VARCHAR)
   FROM messages WHERE n <= 1 AND commits > 1
   UNION ALL
-  SELECT 'TRC-DELIVERY-ACKED', mesh || '|' || delivery_id, last[1], last[2], last[3], NULL, NULL, NULL, false,
+  SELECT 'TRC-DELIVERY-ACKED', [mesh, delivery_id], last[1], last[2], last[3], NULL, NULL, NULL, false,
          'delivery-unacked', CAST(last_ts AS VARCHAR)
   FROM deliveries WHERE ack IS NULL AND lease + {grace} < last_ts
   UNION ALL
-  SELECT 'TRC-DELIVERY-ACKED', mesh || '|' || delivery_id, last[1], last[2], last[3], ack[1], ack[2], ack[3], false,
+  SELECT 'TRC-DELIVERY-ACKED', [mesh, delivery_id], last[1], last[2], last[3], ack[1], ack[2], ack[3], false,
          'delivery-after-ack', NULL
   FROM deliveries WHERE ack IS NOT NULL AND last > ack
   UNION ALL
-  SELECT 'TRC-DELIVERY-ACKED', mesh || '|' || delivery_id, ack[1], ack[2], ack[3], NULL, NULL, NULL, false,
+  SELECT 'TRC-DELIVERY-ACKED', [mesh, delivery_id], ack[1], ack[2], ack[3], NULL, NULL, NULL, false,
          'delivery-ack-unknown', NULL
   FROM unknown_acks
   UNION ALL
-  SELECT 'TRC-ONE-INBOX-ROW', recipient || '|' || cmid, high[1], high[2], high[3], low[1], low[2], low[3], false,
+  SELECT 'TRC-ONE-INBOX-ROW', [recipient, cmid], high[1], high[2], high[3], low[1], low[2], low[3], false,
          'inbox-rows', CAST(n AS VARCHAR)
   FROM inbox
   UNION ALL
-  SELECT 'TRC-FP-FROZEN', node || '|' || k, node, new[1], new[2], node, old[1], old[2], false, 'fp-successor', NULL
+  SELECT 'TRC-FP-FROZEN', [node, k], node, new[1], new[2], node, old[1], old[2], false, 'fp-successor', NULL
   FROM requeues WHERE new IS NOT NULL AND old IS NOT NULL AND new[3] <> old[3]
   UNION ALL
-  SELECT 'TRC-OUTBOX-LEGAL', node || '|' || k, node, new[1], new[2], CASE WHEN old IS NOT NULL THEN node END, old[1],
+  SELECT 'TRC-OUTBOX-LEGAL', [node, k], node, new[1], new[2], CASE WHEN old IS NOT NULL THEN node END, old[1],
          old[2], false, CASE WHEN old IS NULL THEN 'outbox-successor-orphan' ELSE 'outbox-successor-row' END, NULL
   FROM requeues WHERE new IS NOT NULL AND new[5] AND 'none|requeue|pending|' || new[4] IN (SELECT tkey FROM legal)
                       AND (old IS NULL OR new[4] <> old[4])
   UNION ALL
-  SELECT 'TRC-EVENT-IDS-MONOTONIC', node, node, seq, line, node, prev[1], prev[2], true, 'event_id-not-increasing',
+  SELECT 'TRC-EVENT-IDS-MONOTONIC', [node], node, seq, line, node, prev[1], prev[2], true, 'event_id-not-increasing',
          NULL
   FROM sse WHERE value <= prev[3]
   UNION ALL
-  SELECT 'TRC-SEQ-MONOTONIC', node, node, seq, line, node, prev[1], prev[2], true, 'seq-not-increasing', NULL
+  SELECT 'TRC-SEQ-MONOTONIC', [node], node, seq, line, node, prev[1], prev[2], true, 'seq-not-increasing', NULL
   FROM seqs WHERE value <= prev[3]
   UNION ALL
-  SELECT 'TRC-NEW-ROW-TRACED', node || '|' || cmid, node, nx.seq, nx.line, node, seq, line, false,
+  SELECT 'TRC-NEW-ROW-TRACED', [node, cmid], node, nx.seq, nx.line, node, seq, line, false,
          CASE WHEN nx.is_ot THEN 'new-row-other-row' ELSE 'new-row-gone' END, NULL
   FROM fresh WHERE is_new AND nx IS NOT NULL
                    AND (NOT nx.is_ot OR nx.fp IS DISTINCT FROM fp OR (oid IS NOT NULL AND nx.oid IS DISTINCT FROM oid))
   UNION ALL
-  SELECT 'TRC-NEW-ROW-TRACED', f.node || '|' || f.cmid, f.node, f.seq, f.line, NULL, NULL, NULL, false,
+  SELECT 'TRC-NEW-ROW-TRACED', [f.node, f.cmid], f.node, f.seq, f.line, NULL, NULL, NULL, false,
          'new-row-untraced', CAST(c.later AS VARCHAR)
   FROM fresh f JOIN created c ON c.node = f.node WHERE f.is_new AND f.nx IS NULL AND c.later > f.seq
   UNION ALL
-  SELECT 'TRC-INFLIGHT-RESOLVED', node || '|' || last[5], node, last[1], last[2], NULL, NULL, NULL, false,
+  SELECT 'TRC-INFLIGHT-RESOLVED', [node, last[5]], node, last[1], last[2], NULL, NULL, NULL, false,
          'inflight-unresolved', CAST(last_ts AS VARCHAR)
   FROM inflight WHERE last[4] + {ack_window} < last_ts
   UNION ALL
-  SELECT 'TRC-DUP-FINGERPRINT', mesh || '|' || cmid, node, seq, line, first[1], first[2], first[3], false,
+  SELECT 'TRC-DUP-FINGERPRINT', [mesh, cmid], node, seq, line, first[1], first[2], first[3], false,
          CASE WHEN same THEN 'dup-mismatch-same-fingerprint' ELSE 'dup-match-other-fingerprint' END, NULL
   FROM dups WHERE same <> (table_row = 'BRK-DUP-MATCH')
   UNION ALL
-  SELECT 'TRC-DELIVERY-ATTEMPTS', mesh || '|' || delivery_id, node, seq, line, prev[1], prev[2], prev[3], false,
+  SELECT 'TRC-DELIVERY-ATTEMPTS', [mesh, delivery_id], node, seq, line, prev[1], prev[2], prev[3], false,
          'attempt-not-increasing', NULL
   FROM attempts WHERE attempt <= prev[4]
   UNION ALL
-  SELECT 'TRC-INBOX-SEQ-NAMES-ROW', recipient || '|' || cmid, node, seq, line, first[1], first[2], first[3], false,
+  SELECT 'TRC-INBOX-SEQ-NAMES-ROW', [recipient, cmid], node, seq, line, first[1], first[2], first[3], false,
          'inbox-seq-misnamed', NULL
   FROM misnamed
   UNION ALL
-  SELECT 'TRC-INBOX-SEQ-MONOTONIC', node, node, seq, line, node, prev[1], prev[2], true, 'inbox_seq-not-increasing',
+  SELECT 'TRC-INBOX-SEQ-MONOTONIC', [node], node, seq, line, node, prev[1], prev[2], true, 'inbox_seq-not-increasing',
          NULL
   FROM inbox_seqs WHERE value <= prev[3]
   UNION ALL
-  SELECT 'TRC-MESSAGE-EVENT-NEW-ROW', node, node, seq, line, CASE WHEN prev IS NOT NULL THEN node END, prev[1],
+  SELECT 'TRC-MESSAGE-EVENT-NEW-ROW', [node], node, seq, line, CASE WHEN prev IS NOT NULL THEN node END, prev[1],
          prev[2], true, 'message-event-without-row', CAST(news AS VARCHAR)
   FROM published
   UNION ALL
-  SELECT 'TRC-HOOK-ONCE', node || '|' || cmid || '|' || hook, node, enq_last[1], enq_last[2], node, enq_first[1],
+  SELECT 'TRC-HOOK-ONCE', [node, cmid, hook], node, enq_last[1], enq_last[2], node, enq_first[1],
          enq_first[2], false, 'hook-enqueued-twice', CAST(enqueues AS VARCHAR)
   FROM hooks WHERE enqueues > 1
   UNION ALL
-  SELECT 'TRC-HOOK-ONCE', node || '|' || cmid || '|' || hook, node, run_last[1], run_last[2], node, run_first[1],
+  SELECT 'TRC-HOOK-ONCE', [node, cmid, hook], node, run_last[1], run_last[2], node, run_first[1],
          run_first[2], false, 'hook-finished-twice', CAST(runs AS VARCHAR)
   FROM hooks WHERE runs > 1
   UNION ALL
-  SELECT 'TRC-HOOK-ENQUEUED', node || '|' || cmid || '|' || hook, node, run_first[1], run_first[2],
+  SELECT 'TRC-HOOK-ENQUEUED', [node, cmid, hook], node, run_first[1], run_first[2],
          CASE WHEN enq_first IS NOT NULL THEN node END, enq_first[1], enq_first[2], false, 'hook-run-unenqueued', NULL
   FROM hooks WHERE run_first IS NOT NULL AND (enq_first IS NULL OR enq_first > run_first)
   UNION ALL
-  SELECT 'TRC-HOOK-RUN-FINISHED', node || '|' || cmid || '|' || hook, node, enq_first[1], enq_first[2], NULL, NULL,
+  SELECT 'TRC-HOOK-RUN-FINISHED', [node, cmid, hook], node, enq_first[1], enq_first[2], NULL, NULL,
          NULL, false, 'hook-run-unfinished', CAST(last_ts AS VARCHAR)
   FROM hooks WHERE enqueues > 0 AND runs = 0 AND enq_ts + {hook_window} < last_ts
   UNION ALL
-  SELECT 'TRC-HOOK-REPLY-ID', node || '|' || cmid || '|' || hook, node, bad_reply[1], bad_reply[2], NULL, NULL, NULL,
+  SELECT 'TRC-HOOK-REPLY-ID', [node, cmid, hook], node, bad_reply[1], bad_reply[2], NULL, NULL, NULL,
          false, 'hook-reply-id', NULL
   FROM hooks WHERE bad_reply IS NOT NULL)
 SELECT invariant, k,

@@ -26,7 +26,7 @@ import time
 from array import array
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -99,7 +99,20 @@ class Report:
 
     @property
     def ok(self) -> bool:
-        return not self.violations
+        """No violation found (``counts``: a limited report lists fewer than it counts)."""
+        return not any(self.counts.values())
+
+    def limited(self, limit: int | None) -> Report:
+        """This report listing at most ``limit`` violations per invariant, the same ones from every engine: those
+        whose event comes first (node, seq, line), then whose related event does (none first), then by key. The
+        counts are kept."""
+        if limit is None:
+            return self
+        by_invariant: dict[str, list[Violation]] = defaultdict(list)
+        for violation in self.violations:
+            by_invariant[violation.invariant].append(violation)
+        kept = [v for found in by_invariant.values() for v in sorted(found, key=listing_order)[:limit]]
+        return replace(self, violations=sort_violations(kept))
 
     def identities(self) -> set[tuple[Any, ...]]:
         return {v.identity for v in self.violations}
@@ -123,6 +136,12 @@ class Report:
                             "violations": self.counts.get(inv.id, 0)} for inv in CATALOGUE],
             "violations": [v.as_dict() for v in self.violations],
         }
+
+
+def listing_order(violation: Violation) -> tuple[Any, ...]:
+    """Which violations of an invariant a limited report lists first (``Report.limited``; Spark ranks alike)."""
+    related = violation.related
+    return (violation.event, related is not None, related or violation.event, violation.key)
 
 
 def sort_violations(violations: Iterable[Violation]) -> list[Violation]:

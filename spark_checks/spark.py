@@ -184,10 +184,12 @@ class SparkChecker:
         first = F.min(F.struct("o", "r", "e_pk", "e_line", "r_pk", "r_line", "mode", "detail")).alias("first")
         grouped = candidates.groupBy("invariant", "gs", "g1", "g2").agg(first).select("invariant", "first.*")
         # one job: each violation carries its invariant's count, and only the first ``limit`` (at least one, for
-        # the count) are fetched
+        # the count) are fetched, in the order every engine lists them (oracle.listing_order: the event's node,
+        # seq and line, then the related event's, none first)
         per_invariant = Window.partitionBy("invariant")
+        order = [F.col(c).asc_nulls_first() for c in ("e_pk", "e_line", "r_pk", "r_line")]
         ranked = grouped.select("*", F.count(F.lit(1)).over(per_invariant).alias("violations"),
-                                F.row_number().over(per_invariant.orderBy("o", "r")).alias("rank"))
+                                F.row_number().over(per_invariant.orderBy(*order)).alias("rank"))
         if self.limit is not None:
             ranked = ranked.filter(F.col("rank") <= max(self.limit, 1))
         collected = ranked.collect()

@@ -248,6 +248,35 @@ def interleaved_rows() -> tuple[list[Any], set[Identity], str]:
     }, ""
 
 
+def glued_keys() -> tuple[list[Any], set[Identity], str]:
+    """Subjects whose key members, written one after another with a separator, read alike: a hook name or a mesh
+    holding ``|`` (the schema allows it) against another node's or mesh's. Each subject is its own violation (a key
+    is compared member by member; DuckDB once grouped by ``node || '|' || cmid || '|' || hook`` and reported one)."""
+    wrong_reply = "hook." + "0" * 40
+    a, b = Daemon("A"), Daemon("A|B")
+    runs = []
+    for daemon, cmid, hook in ((a, "B", "C|D"), (b, "C", "D")):
+        daemon.hook_enqueue(cmid, hook, 1)
+        daemon.hook_enqueue(cmid, hook, 1)  # enqueued twice: TRC-HOOK-ONCE
+        runs.append((daemon, cmid, hook, daemon.hook_run(cmid, hook, 1, reply=wrong_reply, http_status=202)))
+    found: set[Identity] = set()
+    for daemon, cmid, hook, run in runs:
+        key = (("node", daemon.node), ("client_message_id", cmid), ("hook", hook))
+        found.add(("TRC-HOOK-REPLY-ID", key, at(run), None))
+        first, second = [e for e in daemon.events if e["kind"] == "hook_enqueue"]
+        found.add(("TRC-HOOK-ONCE", key, at(second), at(first)))
+    brokers = []
+    for broker, delivery_id in ((Broker("brk-1", mesh="M"), "X|Y"), (Broker("brk-2", mesh="M|X"), "Y")):
+        broker.commit("c1", A, "01JBROKERMESSAGE0000000001")
+        sent = broker.delivery("c1", "01JBROKERMESSAGE0000000001", PEER, 1)
+        sent["delivery_id"] = delivery_id
+        broker.wait(100_000)  # its lease ran out before the broker's last event, unacked
+        broker.commit("c2", A, "01JBROKERMESSAGE0000000002")
+        found.add(("TRC-DELIVERY-ACKED", (("mesh", broker.mesh), ("delivery_id", delivery_id)), at(sent), None))
+        brokers.append(broker)
+    return [a, b, *brokers], found, ""
+
+
 def acks_name_deliveries() -> tuple[list[Any], set[Identity], str]:
     broker = Broker("broker-acks", mesh="m3")
     other = "ef" * 32
@@ -458,6 +487,7 @@ CASES: dict[str, Callable[[], tuple[list[Any], set[Identity], str]]] = {
     "TRC-OUTBOX-LEGAL": outbox_first_and_successors,
     "TRC-MESSAGE-EVENT-NEW-ROW": message_events,
     "interleaved rows": interleaved_rows,
+    "glued keys": glued_keys,
 }
 
 
@@ -504,7 +534,7 @@ def test_the_oracle_does_not_trust_a_parquet_layout(tmp_path: Path):
     generate(tmp_path / "generated", Params(events=3000, daemons=4, seed=5))
     assert not fmt.split_subjects(groups(tmp_path / "generated" / "events"))
     by_oracle, by_duck = oracle.check(tmp_path / "rolled"), duck.check(tmp_path / "rolled")
-    assert len(by_oracle.violations) == 49
+    assert len(by_oracle.violations) == 55
     assert by_oracle.identities() == by_duck.identities() == oracle.check(tmp_path / "bucketed").identities()
     assert {v.identity: v.detail for v in by_duck.violations} == {v.identity: v.detail for v in by_oracle.violations}
 
@@ -517,8 +547,17 @@ def test_spark_reports_the_same_in_one_run_over_every_case(spark, tmp_path: Path
     fmt.convert_jsonl(files, tmp_path / "parquet")
     by_spark = SparkChecker(spark, chunk=4, limit=None).check(tmp_path / "parquet")  # chunk boundaries everywhere
     by_oracle = oracle.check(tmp_path / "parquet")  # the same input: evidence from JSONL also names file:line
-    assert len(by_oracle.violations) == 49
+    assert len(by_oracle.violations) == 55
     assert same_answers(by_spark, by_oracle) == []
+    from spark_checks.cli import main as meshtrace
+
+    report = tmp_path / "report.json"
+    for limit in (0, 2):  # Spark fetches only what it lists: the same ones, and every count
+        assert meshtrace(["check", str(tmp_path / "parquet"), "--engine", "spark", "--master", "local[2]",
+                          "--limit", str(limit), "--report", str(report)]) == 1
+        document = json.loads(report.read_text())
+        assert listed(document) == expected_listing(by_oracle, limit), limit
+        assert {i["id"]: i["violations"] for i in document["invariants"] if i["violations"]} == by_oracle.counts
 
 
 @pytest.mark.parametrize("engine", ["oracle", "duckdb"])
@@ -536,3 +575,42 @@ def test_meshtrace_check_takes_the_daemons_ack_timeout(tmp_path: Path, engine: s
     assert meshtrace(["check", str(trace), "--engine", engine, "--ack-timeout-ms", "16000"]) == 0
     assert meshtrace(["check", str(trace), "--engine", engine, "--ack-timeout-ms", "14000",
                       "--ack-grace-ms", "7000"]) == 0
+
+
+def listed(document: dict[str, Any]) -> list[tuple[Any, ...]]:
+    return [(v["invariant"], tuple(v["key"].items()), v["event"]["node"], v["event"]["seq"], v["event"]["line"])
+            for v in document["violations"]]
+
+
+def expected_listing(report: oracle.Report, limit: int) -> list[tuple[Any, ...]]:
+    """What a report limited to ``limit`` per invariant lists: per invariant, the violations whose event comes first,
+    then whose related event does (none first)."""
+    kept = []
+    for invariant in {v.invariant for v in report.violations}:
+        found = [v for v in report.violations if v.invariant == invariant]
+        kept += sorted(found, key=lambda v: (v.event, v.related is not None, v.related or v.event, v.key))[:limit]
+    return listed({"violations": [v.as_dict() for v in oracle.sort_violations(kept)]})
+
+
+@pytest.mark.parametrize("engine", ["oracle", "duckdb"])
+def test_limit_lists_the_same_violations_and_counts_them_all(tmp_path: Path, engine: str):
+    """``--limit N`` lists the same N violations per invariant in every engine and counts them all; any violation
+    makes the exit code 1, even when none is listed (``--limit 0``: Spark once exited 0 then, the others ignored
+    the limit)."""
+    from spark_checks.cli import main as meshtrace
+
+    if engine == "duckdb":
+        pytest.importorskip("duckdb")
+    files = [node.write_jsonl(tmp_path / "jsonl") for build in CASES.values() for node in build()[0]]
+    whole = oracle.check(files)
+    assert max(whole.counts.values()) >= 3
+    report = tmp_path / "report.json"
+    for limit in (0, 1, 2):
+        assert meshtrace(["check", *map(str, files), "--engine", engine, "--limit", str(limit),
+                          "--report", str(report)]) == 1
+        document = json.loads(report.read_text())
+        assert listed(document) == expected_listing(whole, limit), limit
+        assert {i["id"]: i["violations"] for i in document["invariants"] if i["violations"]} == whole.counts
+    clean = Daemon("daemon-clean")
+    clean.done_row(ulid(90), "clean-1", A)
+    assert meshtrace(["check", str(clean.write_jsonl(tmp_path / "clean")), "--engine", engine, "--limit", "0"]) == 0
