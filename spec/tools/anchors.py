@@ -303,26 +303,26 @@ def _next_code_line(lines: list[str], row: int) -> tuple[int | None, str]:
 
 
 def scan(repo_root: Path, package: str = PACKAGE) -> Scan:
-    """The anchors of every ``*.py`` file under ``repo_root / package`` (a run of ``spec check`` asks twice: the
-    tree is read again only when a file's size or modification time changed)."""
+    """The anchors of every ``*.py`` file under ``repo_root / package``. Parsing is remembered by the files' relative
+    names and texts: a run of ``spec check`` asks twice, and a copy of the tree (the spec checker's own tests) is
+    not parsed again."""
     files = [file for file in sorted((repo_root / package).rglob("*.py")) if "__pycache__" not in file.parts]
-    stamps = tuple((file, stat.st_mtime_ns, stat.st_size) for file in files for stat in (file.stat(),))
-    found = _scan(repo_root, stamps)
+    sources = tuple((file.relative_to(repo_root).as_posix(), file.read_text(encoding="utf-8")) for file in files)
+    found = _scan(sources)
     return Scan(list(found.anchors), list(found.malformed))
 
 
 @functools.lru_cache(maxsize=4)
-def _scan(repo_root: Path, stamps: tuple[tuple[Path, int, int], ...]) -> Scan:
-    sources = {file: file.read_text(encoding="utf-8") for file, _, _ in stamps}
+def _scan(sources: tuple[tuple[str, str], ...]) -> Scan:
     referenced: Counter[str] = Counter()
-    for source in sources.values():
+    for _, source in sources:
         try:
             referenced += references(source)
         except (tokenize.TokenError, SyntaxError):
             continue  # scan_source names the file
     result = Scan()
-    for file, source in sources.items():
-        found = scan_source(source, file.relative_to(repo_root).as_posix(), referenced)
+    for name, source in sources:
+        found = scan_source(source, name, referenced)
         result.anchors += found.anchors
         result.malformed += found.malformed
     return result

@@ -95,6 +95,7 @@ def test_local_sessions_stay_on_loopback(spark):
     assert conf.get("spark.ui.enabled") == "false"
 
 
+@pytest.mark.slow  # a JVM of its own started by spark-submit (about a minute on 2 cores): CI's slow-bounded runs it
 def test_spark_submit_runs_the_same_module(traces, tmp_path: Path):
     """Through ``spark-submit``, with the trace and the report on ``viewfs://`` (Hadoop's mount-table filesystem: a
     scheme only Hadoop resolves, set up with ``--conf spark.hadoop.…`` as an ``s3a://`` bucket's endpoint would be),
