@@ -158,7 +158,8 @@ CATALOGUE: tuple[Invariant, ...] = (
         ("BRK-CONCURRENT-ONE-MESSAGE", "BRK-FIRST-INSERT"),
         ("mesh", "client_message_id"), ("accept_decision", "accept_commit"), "pair", "duplicate_broker_message",
         "Per (mesh, client_message_id) the broker commits at most once, and every 201 or 200 accept_decision names "
-        "the same broker_message_id. Reported with the first event naming the earliest and the latest message.",
+        "the same broker_message_id. Reported with the first event naming the earliest and the latest message; "
+        "several commits (one message) are reported at the last commit, with the first.",
         frozenset({"broker"})),
     Invariant(
         "TRC-DUP-FINGERPRINT", "A duplicate is answered by its fingerprint",
@@ -176,7 +177,8 @@ CATALOGUE: tuple[Invariant, ...] = (
         ("mesh", "client_message_id"), ("accept_decision", "accept_commit"), "pair", "missing_side_effect",
         "Every accept_commit inserted exactly one dedupe, message and history row and one delivery row per "
         "recipient (§4.7.1), and every BRK-ACCEPT decision (written after its transaction ended) has the commit of "
-        "its broker_message_id. A commit without its decision is allowed: the broker may stop between the two.",
+        "its broker_message_id for the same (mesh, client_message_id) (a commit under another client_message_id is "
+        "not its commit). A commit without its decision is allowed: the broker may stop between the two.",
         frozenset({"broker"})),
     Invariant(
         "TRC-DONE-HAS-MESSAGE", "Every done row maps to a broker message",
@@ -195,9 +197,11 @@ CATALOGUE: tuple[Invariant, ...] = (
         "TRC-DELIVERY-ACKED", "Every delivery is eventually acked or still leased, and every ack names a delivery",
         ("BRK-REDELIVER", "BRK-CLIENT-ACK"),
         ("mesh", "delivery_id"), ("delivery", "delivery_ack"), "prefix", "unacked_delivery",
-        "Per (mesh, delivery_id): either a delivery_ack exists and no delivery follows it, or the latest delivery's "
-        "lease_until_ms plus the redelivery grace is not before the broker node's last traced ts_ms (it may still "
-        "be acked or delivered again). Every delivery_ack names a delivery the broker traced: one of the same "
+        "Per (mesh, delivery_id): without a delivery_ack, the latest delivery's lease_until_ms plus the redelivery "
+        "grace is not before the broker node's last traced ts_ms (it may still be acked or delivered again), else "
+        "it is reported at that delivery; with one, no delivery follows the first ack, whatever its lease (an "
+        "acked delivery is never delivered again: reported at the latest delivery, with the first ack). Every "
+        "delivery_ack names a delivery the broker traced: one of the same "
         "(mesh, delivery_id) with the ack's recipient and broker_message_id (a client_ack settles only its own "
         "delivery, E-36); the delivery comes first (E-32), so an ack before it shows as a delivery after the ack.",
         frozenset({"broker"}), ("E-32", "E-36")),
@@ -216,7 +220,7 @@ CATALOGUE: tuple[Invariant, ...] = (
         ("INB-DEDUPE",),
         ("recipient", "client_message_id"), ("inbox_insert",), "pair", "duplicate_inbox_row",
         "Per (recipient, client_message_id) at most one inbox_insert has inserted = true; redeliveries are "
-        "recorded with inserted = false.",
+        "recorded with inserted = false. Reported at the last of them, with the first.",
         frozenset({"daemon"})),
     Invariant(
         "TRC-INBOX-SEQ-NAMES-ROW", "A redelivery names the inbox row it found",

@@ -166,7 +166,7 @@ fresh AS (
                                                      OR table_row IN (SELECT table_row FROM creating_decisions))))),
 created AS (
   SELECT node, max(made) AS later FROM (
-    SELECT node, client_message_id, min(seq) FILTER (WHERE from_state = 'none') AS made,
+    SELECT node, client_message_id, min(seq) AS made,  -- the id's first transition, whatever its `from` (E-32)
            bool_or(event = 'dispatch') AS sent
     FROM ev WHERE kind = 'outbox_transition' GROUP BY ALL)
   WHERE sent AND made IS NOT NULL GROUP BY node),

@@ -554,8 +554,8 @@ class Oracle:
 
     def _new_rows(self, ot: list[tuple[Any, ...]], ipc: list[tuple[Any, ...]], st: _State) -> None:
         """TRC-NEW-ROW-TRACED: what follows each 202 IPC-NEW decision of a (node, client_message_id); a decision
-        followed by nothing of its row is decided at the end, against the ids whose first transition its node traced
-        later and dispatched."""
+        followed by nothing of its row is decided at the end, against the ids whose first transition (from any
+        state: an accept's event may be lost, E-32) its node traced later and dispatched."""
         subjects: dict[tuple[str, str], list[tuple[int, int, bool, tuple[Any, ...]]]] = defaultdict(list)
         creating = self.tables.creating_decisions
         for event in ot:
@@ -582,7 +582,7 @@ class Oracle:
         created: dict[tuple[str, str], list[Any]] = defaultdict(lambda: [None, False])
         for event in ot:
             subject = created[(event[0], event[5])]
-            if event[8] == "none" and (subject[0] is None or event[1] < subject[0]):
+            if subject[0] is None or event[1] < subject[0]:  # the id's first transition, whatever its `from`
                 subject[0] = event[1]
             if event[10] == "dispatch":
                 subject[1] = True

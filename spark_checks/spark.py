@@ -849,11 +849,12 @@ class SparkChecker:
             "*", F.last(F.when(F.col("follows"), F.struct("seq", "line", "is_ot", "fp", "oid")), ignorenulls=True)
             .over(down.rowsBetween(Window.unboundedPreceding, -1)).alias("nx"),
             F.max(F.when(F.col("is_ot"), F.struct("seq", "line"))).over(whole).alias("last"))
-        # per node, the latest first seq of a subject (a `none` start) among the subjects it dispatched
+        # per node, the latest first seq of a subject (its first transition, whatever its `from`: an accept's event
+        # may be lost, E-32) among the subjects it dispatched
         subjects = ev.filter(is_ot).groupBy(
             "ni", F.xxhash64("client_message_id").alias("c1"), F.hash("client_message_id").alias("c2")).agg(
             F.max(F.col("event") == "dispatch").alias("dispatched"),
-            F.min(F.when(F.col("from_state") == "none", F.col("seq"))).alias("created"))
+            F.min("seq").alias("created"))
         created = subjects.filter(F.col("dispatched")).groupBy("ni").agg(F.max("created").alias("later"))
         rows = fresh.join(F.broadcast(created), "ni", "left").join(F.broadcast(ends), "ni", "left")
         nxt, d = F.col("nx"), {"pk": self._pk(), "line": F.col("line")}

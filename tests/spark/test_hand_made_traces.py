@@ -61,20 +61,46 @@ def new_row_traced() -> tuple[list[Any], set[Identity], str]:
     daemon.transition(ulid(2), "n-2", A, "pending", "inflight", "dispatch", "OB-PENDING-DISPATCH", 1)
     other = daemon.decision("n-3", A, "none", None, "IPC-NEW", 202, None)
     wrong = daemon.transition(ulid(3), "n-3", B, "none", "pending", "accept", "OB-NONE-ACCEPT", 0)
-    first = daemon.decision("n-4", A, "none", None, "IPC-NEW", 202, None)
-    gone = daemon.decision("n-4", A, "none", None, "IPC-NEW", 202, None)  # the id was free again
     # stopped between the decision and its accept, restarted: the row's next transition is its dispatch
     daemon.decision("n-5", A, "none", None, "IPC-NEW", 202, ulid(5))
     daemon.decision("n-6", A, "none", None, "IPC-NEW", 202, None)
     daemon.transition(ulid(6), "n-6", A, "none", "pending", "accept", "OB-NONE-ACCEPT", 0)
     daemon.transition(ulid(5), "n-5", A, "pending", "inflight", "dispatch", "OB-PENDING-DISPATCH", 1)
     daemon.decision("n-7", A, "none", None, "IPC-NEW", 202, None)  # stopped for good before its accept
+    # after every dispatch (else the second decision, followed by nothing, is also new-row-untraced: n-5's first
+    # transition, its dispatch, comes after it)
+    first = daemon.decision("n-4", A, "none", None, "IPC-NEW", 202, None)
+    gone = daemon.decision("n-4", A, "none", None, "IPC-NEW", 202, None)  # the id was free again
     return [daemon], {
         ("TRC-NEW-ROW-TRACED", (("node", "daemon-new"), ("client_message_id", "n-1")), at(untraced), None),
         ("TRC-NEW-ROW-TRACED", (("node", "daemon-new"), ("client_message_id", "n-3")), at(wrong), at(other)),
         ("TRC-NEW-ROW-TRACED", (("node", "daemon-new"), ("client_message_id", "n-4")), at(gone), at(first)),
     }, ""  # n-5's first traced transition is its dispatch: TRC-OUTBOX-LEGAL allows that too, its decision naming
     # the row (E-32)
+
+
+def new_row_first_transitions() -> tuple[list[Any], set[Identity], str]:
+    """TRC-NEW-ROW-TRACED's "an id whose first transition it traced after the decision" is the id's first
+    transition from any state: a dispatch whose accept's event was lost (E-32) counts, and a later `none` start (a
+    second row of the id) does not make an earlier id new (the engines once took each id's first `none` start)."""
+    daemon = Daemon("daemon-first")
+    untraced = daemon.decision("f-1", A, "none", None, "IPC-NEW", 202, ulid(31))
+    daemon.decision("f-2", A, "none", None, "IPC-NEW", 202, ulid(32))
+    daemon.transition(ulid(32), "f-2", A, "pending", "inflight", "dispatch", "OB-PENDING-DISPATCH", 1)
+    daemon.transition(ulid(32), "f-2", A, "inflight", "done", "ack_created", "OB-INFLIGHT-CREATED", 1,
+                      broker_message_id="01JBROKERMESSAGE0000000001")
+    other = Daemon("daemon-second")
+    other.decision("s-2", A, "none", None, "IPC-NEW", 202, ulid(42))
+    first = other.transition(ulid(42), "s-2", A, "pending", "inflight", "dispatch", "OB-PENDING-DISPATCH", 1)
+    other.transition(ulid(42), "s-2", A, "inflight", "done", "ack_created", "OB-INFLIGHT-CREATED", 1,
+                     broker_message_id="01JBROKERMESSAGE0000000001")
+    other.decision("s-1", A, "none", None, "IPC-NEW", 202, ulid(41))  # stopped for good before its accept
+    again = other.transition(ulid(43), "s-2", A, "none", "pending", "accept", "OB-NONE-ACCEPT", 0)
+    other.transition(ulid(43), "s-2", A, "pending", "inflight", "dispatch", "OB-PENDING-DISPATCH", 1)
+    return [daemon, other], {
+        ("TRC-NEW-ROW-TRACED", (("node", "daemon-first"), ("client_message_id", "f-1")), at(untraced), None),
+        ("TRC-ID-NEVER-FREED", (("node", "daemon-second"), ("client_message_id", "s-2")), at(again), at(first)),
+    }, ""
 
 
 def inflight_resolved() -> tuple[list[Any], set[Identity], str]:
@@ -488,6 +514,7 @@ CASES: dict[str, Callable[[], tuple[list[Any], set[Identity], str]]] = {
     "TRC-MESSAGE-EVENT-NEW-ROW": message_events,
     "interleaved rows": interleaved_rows,
     "glued keys": glued_keys,
+    "new rows' first transitions": new_row_first_transitions,
 }
 
 
@@ -534,7 +561,7 @@ def test_the_oracle_does_not_trust_a_parquet_layout(tmp_path: Path):
     generate(tmp_path / "generated", Params(events=3000, daemons=4, seed=5))
     assert not fmt.split_subjects(groups(tmp_path / "generated" / "events"))
     by_oracle, by_duck = oracle.check(tmp_path / "rolled"), duck.check(tmp_path / "rolled")
-    assert len(by_oracle.violations) == 55
+    assert len(by_oracle.violations) == 57
     assert by_oracle.identities() == by_duck.identities() == oracle.check(tmp_path / "bucketed").identities()
     assert {v.identity: v.detail for v in by_duck.violations} == {v.identity: v.detail for v in by_oracle.violations}
 
@@ -547,7 +574,7 @@ def test_spark_reports_the_same_in_one_run_over_every_case(spark, tmp_path: Path
     fmt.convert_jsonl(files, tmp_path / "parquet")
     by_spark = SparkChecker(spark, chunk=4, limit=None).check(tmp_path / "parquet")  # chunk boundaries everywhere
     by_oracle = oracle.check(tmp_path / "parquet")  # the same input: evidence from JSONL also names file:line
-    assert len(by_oracle.violations) == 55
+    assert len(by_oracle.violations) == 57
     assert same_answers(by_spark, by_oracle) == []
     from spark_checks.cli import main as meshtrace
 
