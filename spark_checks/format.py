@@ -206,7 +206,8 @@ def schema_problem(event: dict[str, Any]) -> str | None:
 
 
 def read_jsonl(files: list[Path | str | JsonlFile], listed: int = INVALID_LISTED) -> JsonlRead:
-    """Every line of the JSONL files (or of the ``*.jsonl`` files below directories), validated
+    """Every line of the JSONL files (or of the JSONL files of trace directories, as ``inputs.locate`` finds them:
+    raises its ``InputError``), validated
     (``spark_checks.validity``): valid events as flat rows, invalid lines as ``{"where": "<file>:<line>", "reason",
     "message"}``.
 
@@ -220,7 +221,11 @@ def read_jsonl(files: list[Path | str | JsonlFile], listed: int = INVALID_LISTED
     reasons: dict[str, int] = {}
     lines: dict[str, int] = {}
     named = [item for item in files if isinstance(item, JsonlFile)]
-    named += [JsonlFile(str(path), str(path)) for path in jsonl_files(i for i in files if not isinstance(i, JsonlFile))]
+    others = [str(item) for item in files if not isinstance(item, JsonlFile)]
+    if others:  # the files, names and order `meshtrace check` reads (hidden names skipped, events/ entered)
+        from .inputs import LocalFS, locate
+
+        named += locate(others, LocalFS("oracle")).jsonl
     for source in named:
         with open(source.location, "rb") as handle:
             data = handle.read()

@@ -8,6 +8,7 @@ the events and the violations, and the trace sits in a directory whose name star
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +77,28 @@ def test_the_oracle_and_duckdb_read_exactly_the_listed_files(tmp_path: Path, mon
     assert by_oracle_pq.events == expected_events
     assert same_answers(by_duck_pq, by_oracle_pq) == []
     assert by_duck_pq.events == by_oracle_pq.events
+
+
+def test_the_library_reads_a_directory_as_the_engines_do(tmp_path: Path):
+    """``format.read_jsonl`` given a directory reads the files ``meshtrace check`` reads, in its order: hidden names
+    skipped, names in string order (a node split across ``a-b/`` and ``a/`` is numbered ``a-b/`` first, where path
+    order puts ``a/`` first), so its ``line`` numbers are the engines'. It once listed every ``*.jsonl`` by path."""
+    node = Daemon("n-split", mesh="m-names")
+    for row in range(3):
+        node.done_row(f"01JRW{row:021d}", f"c-{row}", fingerprint(str(row)))
+    events = node.events
+    (tmp_path / "t" / "a").mkdir(parents=True)
+    (tmp_path / "t" / "a-b").mkdir()
+    lines = [json.dumps(e) + "\n" for e in events]
+    (tmp_path / "t" / "a-b" / "n.jsonl").write_text("".join(lines[:5]))
+    (tmp_path / "t" / "a" / "n.jsonl").write_text("".join(lines[5:]))
+    for hidden in ("_skipped.jsonl", ".skipped.jsonl"):
+        (tmp_path / "t" / hidden).write_text(lines[0])
+    read = fmt.read_jsonl([tmp_path / "t"])
+    assert [(r["file"], r["seq"], r["line"]) for r in read.rows] == (
+        [(f"{tmp_path}/t/a-b/n.jsonl", k, k) for k in range(5)]
+        + [(f"{tmp_path}/t/a/n.jsonl", k, k) for k in range(5, len(events))])
+    assert oracle.check(tmp_path / "t").violations == []
 
 
 @pytest.mark.spark
