@@ -420,8 +420,9 @@ class SparkChecker:
         transition = F.struct("seq", "line", "to", "oid")
         first = F.struct("seq", "line", "fp")
         creation = F.struct("seq", "line", "fp", "oid")
-        # the previous transition of the same outbox row: rows of one client_message_id may interleave
-        w_row = Window.partitionBy(*key, "o1", "o2").orderBy("seq", "line")
+        # the previous transition of the same outbox row (by its id as it is, not a hash): rows of one
+        # client_message_id may interleave
+        w_row = Window.partitionBy(*key, "oid").orderBy("seq", "line")
         row_transition = F.struct("seq", "line", "to", "att", "mag", "enq")
         windowed = rows.select(
             "*",
@@ -442,13 +443,13 @@ class SparkChecker:
             carry = summary.select(*key, F.last("last_t", ignorenulls=True).over(ws).alias("c_prev"),
                                    F.first("first_t", ignorenulls=True).over(ws).alias("c_first"),
                                    F.last("made_t", ignorenulls=True).over(ws).alias("c_made"))
-            row_summary = windowed.filter((F.col("chunk") > 0) & F.col("is_ot")).groupBy(*key, "o1", "o2").agg(
+            row_summary = windowed.filter((F.col("chunk") > 0) & F.col("is_ot")).groupBy(*key, "oid").agg(
                 F.max(row_transition).alias("last_r"))
-            wr = (Window.partitionBy("ni", "c1", "c2", "o1", "o2").orderBy("chunk")
+            wr = (Window.partitionBy("ni", "c1", "c2", "oid").orderBy("chunk")
                   .rowsBetween(Window.unboundedPreceding, -1))
-            row_carry = row_summary.select(*key, "o1", "o2", F.last("last_r", ignorenulls=True).over(wr).alias("c_row"))
+            row_carry = row_summary.select(*key, "oid", F.last("last_r", ignorenulls=True).over(wr).alias("c_row"))
             windowed = (windowed.join(F.broadcast(carry), key, "left")
-                        .join(F.broadcast(row_carry), [*key, "o1", "o2"], "left"))
+                        .join(F.broadcast(row_carry), [*key, "oid"], "left"))
             row_prev = F.coalesce(F.col("w_row"), F.col("c_row"))
             prev = F.coalesce(F.col("w_prev"), F.col("c_prev"))
             first_t = F.coalesce(F.col("c_first"), F.col("w_first"))
