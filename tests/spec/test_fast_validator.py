@@ -25,6 +25,7 @@ def test_fast_path_never_accepts_what_the_reference_refuses(ref, label, example,
         if valid:
             assert fast._fast.is_valid(example), f"the fast path is not taken for {label} against {name}"
         assert [e.message for e in fast.iter_errors(example)] == [e.message for e in reference.iter_errors(example)]
+        assert fast.verdict(example) is fast.is_valid(example), f"{label} against {name}"
 
 
 def test_trailing_newline_ids_are_refused_by_the_fast_path():
