@@ -62,8 +62,9 @@ def _pytest_args(args: argparse.Namespace) -> list[str]:
     suite = registry.BROKER_CASES_DIR if broker else registry.SDK_CASES_DIR if sdk else registry.CASES_DIR
     argv = [str(suite), "-p", "conformance.plugin",
             "-p", "no:cacheprovider", "-p", "no:terminal", "-o", "addopts=", "-o", "testpaths=",
-            "-p", "no:timeout", "--rootdir", str(registry.CASES_DIR.parent),
-            f"--meshspec-case-timeout={args.case_timeout}", f"--meshspec-deadline={args.deadline}"]
+            "-p", "no:timeout", "--rootdir", str(registry.CASES_DIR.parent), f"--meshspec-deadline={args.deadline}"]
+    if args.case_timeout is not None:
+        argv.append(f"--meshspec-case-timeout={args.case_timeout}")
     if sdk:
         argv.append(f"--meshspec-sdk-launch={args.launch or 'reference'}")
     elif broker:
@@ -235,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
                              "retry_jitter, poll_ms, ack_timeout_s, reconnect_initial_ms, reconnect_max_ms, ...)")
     runner.add_argument("--spec-only", action="store_true",
                         help="the exit code counts the spec's own requirements only, not meshspec's profile")
-    runner.add_argument("--case-timeout", type=float, default=90.0, help="per test node timeout in seconds")
+    runner.add_argument("--case-timeout", type=float, help="per test node timeout in seconds (default: the longer of "
+                        "90 and what the slowest case may wait on the target's declared timing)")
     runner.add_argument("--deadline", type=float, default=1800.0, help="the whole run's deadline in seconds")
     runner.add_argument("--report-dir", type=Path, help="write report.json, junit.xml, report.md, report.html, and "
                         "keep the target's trace in DIR/trace")

@@ -7,7 +7,8 @@ each test node's evidence into per-requirement checks, and at the end writes the
 
 Rules of this file — the harness cannot crash or hang:
 
-* Every test node runs under an alarm (``--case-timeout``, and never past the run's ``--deadline``) that raises
+* Every test node runs under an alarm (``--case-timeout``; by default the longer of 90 s and what the slowest case
+  may wait on the target's declared timing, `case_timeout_s`; never past the run's ``--deadline``) that raises
   ``CaseTimeout``, a BaseException a case's ``except Exception`` cannot swallow; a second alarm breaks a hanging
   teardown. Nodes that would start after the deadline are skipped with that reason.
 * A node's failure is attributed (verdict.py): explicit checks first; an unattributed target failure fails only the
@@ -27,6 +28,7 @@ import random
 import shutil
 import signal
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -98,7 +100,7 @@ class RunState:
     spec_only: bool
     seed: int
     report_dir: Path | None
-    case_timeout: float
+    case_timeout: float | None  # None: `case_timeout_s` derives it from the target's timing
     deadline_s: float
     results: dict[str, CaseResult] = field(default_factory=dict)
     deviations: list[Any] = field(default_factory=list)
@@ -145,7 +147,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--meshspec-deselect", action="append", default=[], help="case or requirement ids (prefixes)")
     group.addoption("--meshspec-seed", type=int, default=None, help="seed for randomised cases")
     group.addoption("--meshspec-report-dir", default=None, help="write JSON, JUnit XML, Markdown and HTML here")
-    group.addoption("--meshspec-case-timeout", type=float, default=90.0, help="per test node, seconds")
+    group.addoption("--meshspec-case-timeout", type=float, default=None,
+                    help="per test node, seconds (default: the longer of 90 and what the slowest case may wait on the "
+                         "target's declared timing)")
     group.addoption("--meshspec-deadline", type=float, default=1800.0, help="the whole run, seconds")
     group.addoption("--meshspec-broker-url", default=None, help="broker suite: ws://HOST:PORT of a running broker")
     group.addoption("--meshspec-broker-launch", default=None,
@@ -233,16 +237,58 @@ def _alarm(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
+#: the case timeout when none is given and the target's timing is short or not known yet
+CASE_TIMEOUT_FLOOR_S = 90.0
+#: beside a case's waits: launching, killing and restarting instances, and a loaded machine
+CASE_TIMEOUT_MARGIN_S = 30.0
+
+
+def case_timeout_s(state: RunState) -> float:
+    """Each test node's timeout: ``--case-timeout`` when given; else the longer of `CASE_TIMEOUT_FLOOR_S` and what
+    the slowest cases may wait on the target's declared timing -- a row settled, the link back after a broker outage,
+    a row settled through three retries (recovery.kill9_inflight) -- plus `CASE_TIMEOUT_MARGIN_S`. A target with
+    slow declared timing (upstream's: 30 s reconnect cap, 15 s ack timeout) would otherwise have bounded waits read
+    as "no verdict" on a loaded machine."""
+    if state.case_timeout is not None:
+        return state.case_timeout
+    timing = getattr(state.target, "timing", None)
+    if timing is None:
+        return CASE_TIMEOUT_FLOOR_S
+    waits = timing.settle_s() + timing.reconnect_wait_s + timing.settle_s(3)
+    return max(CASE_TIMEOUT_FLOOR_S, round(waits + CASE_TIMEOUT_MARGIN_S))
+
+
+#: the run whose test node is running (set around each node), for `next_scenario`
+_RUNNING: list[RunState] = []
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     state = item.config.stash[STATE]
-    budget = min(state.case_timeout, state.remaining_s)
+    budget = min(case_timeout_s(state), state.remaining_s)
     if _case_of(item) is not None and budget <= 0:
         state.deadline_hit += 1
         item.add_marker(pytest.mark.skip(reason=f"the run deadline ({state.deadline_s:g} s) was reached"))
         budget = 5.0
-    with _alarm(budget):
-        yield
+    _RUNNING.append(state)
+    try:
+        with _alarm(budget):
+            yield
+    finally:
+        _RUNNING.remove(state)
+
+
+def next_scenario() -> None:
+    """Give the next of a case's independent scenarios the case timeout (within the run's deadline): a case that
+    runs them one after another, because a fixed-port target runs one instance at a time, would otherwise fit N
+    scenarios into one scenario's timeout. Call it in the case's own thread, before each scenario; the alarm (and
+    the CaseTimeout it raises) stays in that thread, so no scenario outlives its case."""
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError("next_scenario() arms the case's alarm: call it in the case's own thread")
+    if not _RUNNING:
+        return
+    state = _RUNNING[-1]
+    signal.setitimer(signal.ITIMER_REAL, max(min(case_timeout_s(state), state.remaining_s), 0.01), TEARDOWN_GRACE_S)
 
 
 # --- fixtures -------------------------------------------------------------------------------------------------------
@@ -461,7 +507,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
             report.longrepr = (str(item.path), 0, f"Skipped: not checkable: {exc}")
         elif isinstance(exc, CaseTimeout):
             node.outcome = "failed"
-            node.detail = (f"no verdict within the case timeout ({min(state.case_timeout, state.deadline_s):g} s): "
+            node.detail = (f"no verdict within the case timeout ({min(case_timeout_s(state), state.deadline_s):g} s): "
                            f"the implementation did not answer or act in time\n{_where(report)}")
         elif isinstance(exc, TARGET_FAILURES):
             node.outcome, node.detail = "failed", f"{describe(exc)}\n{_where(report)}"

@@ -32,6 +32,7 @@ from __future__ import annotations
 import shutil
 import socket
 import tempfile
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -214,10 +215,15 @@ class Target:
         ``{hooks_dir}`` (none: an empty hooks.toml) and the config.toml's ``[hooks]`` table naming that folder."""
         if self.template is None:
             raise TargetError("no launch template")
-        if self.launched is not None and self.launched.fixed_port and name != "main" and self.launched.running:
+        fixed = self.launched is not None and self.launched.fixed_port
+        if fixed and threading.current_thread() is not threading.main_thread():
+            # the case's alarm stops only its own thread: a fresh instance launched from another one could
+            # outlive the case, and stop the main instance its teardown restarted
+            raise TargetError("a fixed-port target runs one instance at a time: launch it from the case's own thread")
+        if fixed and name != "main" and self.launched.running:
             self.launched.stop()
             self._suspended = self.launched
-        if self.launched is not None and self.launched.fixed_port:
+        if fixed:
             for earlier in self.instances:  # one instance at a time: a case's earlier fresh instance gives way too
                 if earlier is not self.launched and earlier.running:
                     earlier.stop(timeout=10)

@@ -39,6 +39,7 @@ from conformance.peer import (
     fail,
     reject,
 )
+from conformance.plugin import next_scenario
 from conformance.registry import case
 from conformance.target import HARNESS_CONFIG
 from conformance.timing import EARLY_MS, LATE_MS
@@ -405,10 +406,26 @@ def test_max_age(launcher, verdict):
     with last_error max_age_exceeded, and never sent again. (Each in its own instance, side by side unless the
     target's port is fixed.)"""
     _clocked(launcher, verdict, ["OBX-MAX-AGE-DEAD", "MAXAGE-DERIVATION", "MAXAGE-INSIDE-WINDOW"])
-    workers = 1 if launcher.launched is not None and launcher.launched.fixed_port else len(MAX_AGES)
-    with ThreadPoolExecutor(workers) as pool:
+    if launcher.launched is not None and launcher.launched.fixed_port:
+        # one instance at a time, in the case's own thread: each scenario gets the case timeout, and a timeout
+        # stops the case here (a scenario left running in a pool would launch its instance after the case's
+        # teardown restarted the main one, and stop that again)
+        failure = None
+        for scenario in MAX_AGES:
+            next_scenario()
+            try:
+                _max_age(launcher, verdict, *scenario)
+            except Exception as exc:  # the others still run, as they do side by side; the first failure is raised
+                failure = failure or exc
+        if failure is not None:
+            raise failure
+        return
+    pool = ThreadPoolExecutor(len(MAX_AGES))
+    try:
         for future in [pool.submit(_max_age, launcher, verdict, *scenario) for scenario in MAX_AGES]:
             future.result()
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _max_age(launcher, verdict, name, mode, days) -> None:

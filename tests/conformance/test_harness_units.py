@@ -172,6 +172,100 @@ def test_the_case_timeout_holds_without_the_terminal_plugin(tmp_path):
     assert built["summary"]["exit_code"] == 1, result.stderr[-2000:]
 
 
+SCENARIOS = '''
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from conformance.plugin import next_scenario
+from conformance.registry import case
+
+
+@case("unit.scenarios", "API-VERSION")
+def test_three_scenarios_each_within_the_timeout(verdict):
+    for _ in range(3):
+        next_scenario()
+        time.sleep(1.2)
+    verdict.expect("API-VERSION", True)
+
+
+@case("unit.one-timeout", "API-HEALTH")
+def test_three_scenarios_in_one_timeout(verdict):
+    for _ in range(3):
+        time.sleep(1.2)
+    verdict.expect("API-HEALTH", True)
+
+
+@case("unit.pooled", "API-OUTBOX")
+def test_a_scenario_in_a_pool_thread(verdict):
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(next_scenario).result()
+'''
+
+
+def test_each_scenario_of_a_case_gets_the_case_timeout_in_the_cases_own_thread(tmp_path):
+    """`next_scenario` re-arms the case's alarm for each of its scenarios run one after another (a fixed-port
+    target's): three of 1.2 s pass under a 2 s case timeout, where the same three without it time out; asked from
+    another thread it is a harness fault (the alarm stops only the case's own thread)."""
+    cases = tmp_path / "cases"
+    cases.mkdir()
+    (cases / "test_scenarios.py").write_text(SCENARIOS)
+    subprocess.run([sys.executable, "-m", "pytest", str(cases), "-p", "conformance.plugin", "-p", "no:terminal",
+                    "-p", "no:timeout", "-p", "no:cacheprovider", "-o", "addopts=", "--meshspec-case-timeout=2",
+                    f"--meshspec-report-dir={tmp_path / 'r'}", "--rootdir", str(tmp_path)], cwd=REPO,
+                   capture_output=True, text=True, timeout=120, check=False)
+    built = json.loads((tmp_path / "r" / "report.json").read_text())
+    rows = {r["id"]: r for r in built["requirements"]}
+    assert rows["API-VERSION"]["verdict"] == "pass", rows["API-VERSION"]
+    assert rows["API-HEALTH"]["verdict"] == "fail" and "case timeout (2 s)" in rows["API-HEALTH"]["reason"]
+    assert rows["API-OUTBOX"]["verdict"] == "error"
+    assert any("next_scenario() arms the case's alarm" in e for e in built["harness_errors"]), built["harness_errors"]
+
+
+def test_a_fixed_port_target_is_launched_only_from_the_cases_own_thread():
+    """From another thread a fresh instance of a fixed-port target is refused before anything is stopped: the case's
+    alarm stops only its own thread, and a pool's scenario launched after the teardown restarted the main instance
+    would stop that again (the interop flake of a main instance `exited with -15 before answering`)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from conformance.target import Target, TargetError
+
+    def stop(*args, **kwargs):
+        raise AssertionError("the main instance was stopped")
+
+    target = Target.__new__(Target)
+    target.template, target.launched = "unused {state_dir}", SimpleNamespace(fixed_port=True, running=True, stop=stop)
+    with ThreadPoolExecutor(1) as pool, pytest.raises(TargetError, match="from the case's own thread"):
+        pool.submit(target.launch, "fresh").result()
+
+
+def test_the_default_case_timeout_covers_the_slowest_cases_waits_on_the_declared_timing():
+    """Without --case-timeout each node gets the longer of 90 s and a row settled, a reconnect after an outage and
+    a row settled through three retries on the target's declared timing, plus 30 s; --case-timeout is kept as
+    given. Upstream's timing (1 s retries doubling, 0.5 s poll, 15 s ack timeout, 30 s reconnect cap) gives 22 + 40
+    + 29 + 30 = 121 s, where its recovery.kill9_inflight took 86 s of the old fixed 90."""
+    from conformance.plugin import RunState, case_timeout_s
+    from conformance.timing import Timing
+
+    upstream = Timing().with_values({"retry_base_ms": 1000, "retry_max_ms": 30000, "retry_multiplier": 2,
+                                     "retry_jitter": 0, "poll_ms": 500, "ack_timeout_s": 15,
+                                     "reconnect_initial_ms": 1000, "reconnect_max_ms": 30000,
+                                     "reconnect_multiplier": 2, "reconnect_jitter": 0, "hello_timeout_s": 5}, "test")
+    quick = Timing().with_values({"retry_base_ms": 50, "retry_max_ms": 200, "ack_timeout_s": 2,
+                                  "reconnect_initial_ms": 50, "reconnect_max_ms": 500}, "test")
+
+    def state(case_timeout, timing):
+        run = RunState(target_spec="launch", strict=False, spec_only=False, seed=1, report_dir=None,
+                       case_timeout=case_timeout, deadline_s=1800)
+        run.target = None if timing is None else SimpleNamespace(timing=timing)
+        return run
+
+    assert upstream.settle_s() == 22 and upstream.reconnect_wait_s == 40 and upstream.settle_s(3) == 29
+    assert case_timeout_s(state(None, upstream)) == 121
+    assert case_timeout_s(state(None, quick)) == 90
+    assert case_timeout_s(state(None, None)) == 90  # the target not started yet
+    assert case_timeout_s(state(45.0, upstream)) == 45
+
+
 def test_the_run_deadline_skips_what_would_start_after_it(tmp_path):
     cases = tmp_path / "cases"
     cases.mkdir()
