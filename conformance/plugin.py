@@ -258,10 +258,6 @@ def case_timeout_s(state: RunState) -> float:
     return max(CASE_TIMEOUT_FLOOR_S, round(waits + CASE_TIMEOUT_MARGIN_S))
 
 
-#: the run whose test node is running (set around each node), for `next_scenario`
-_RUNNING: list[RunState] = []
-
-
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     state = item.config.stash[STATE]
@@ -270,12 +266,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         state.deadline_hit += 1
         item.add_marker(pytest.mark.skip(reason=f"the run deadline ({state.deadline_s:g} s) was reached"))
         budget = 5.0
-    _RUNNING.append(state)
-    try:
-        with _alarm(budget):
-            yield
-    finally:
-        _RUNNING.remove(state)
+    with _alarm(budget):
+        yield
 
 
 def next_scenario() -> None:
@@ -285,9 +277,9 @@ def next_scenario() -> None:
     the CaseTimeout it raises) stays in that thread, so no scenario outlives its case."""
     if threading.current_thread() is not threading.main_thread():
         raise RuntimeError("next_scenario() arms the case's alarm: call it in the case's own thread")
-    if not _RUNNING:
+    if not _CONFIG:
         return
-    state = _RUNNING[-1]
+    state = _CONFIG[0].stash[STATE]
     signal.setitimer(signal.ITIMER_REAL, max(min(case_timeout_s(state), state.remaining_s), 0.01), TEARDOWN_GRACE_S)
 
 
