@@ -26,6 +26,14 @@ XDIST_GROUPS = {
 SPARK_GROUP = "spark"
 USES_SPARK = re.compile(r'\bdef \w+\((?:.*[ ,(])?spark\b|getfixturevalue\("spark"\)')
 ROOT = Path(__file__).resolve().parent.parent
+#: The bound of the full reference conformance run (`reference_conformance_run`'s subprocess timeout).
+REFERENCE_RUN_S = 900
+#: Fixtures that may take longer than a test's own timeout (pytest.ini's `timeout`), with their bounds in seconds.
+#: pytest-timeout counts a test's setup, so the first test asking for one of them would be stopped while the fixture
+#: is still inside its own bound (on a loaded 2-core machine the reference run alone took 268 s of the 300); every
+#: test whose fixture closure holds one gets its timeout raised by that bound (`fixture_timeout`). A module adds
+#: its own in a module-level `FIXTURE_BOUNDS_S` dict.
+FIXTURE_BOUNDS_S = {"reference_conformance_run": REFERENCE_RUN_S}
 
 
 @functools.cache
@@ -65,7 +73,26 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     return GroupedFileScheduling(config, log)
 
 
+def fixture_timeout(item: pytest.Item, default_s: float) -> float | None:
+    """The timeout ``item`` needs when its fixtures include a bounded one (`FIXTURE_BOUNDS_S`, the suite's and its
+    module's): ``default_s`` plus the bounds of every such fixture it uses; None when it uses none, or when it sets
+    its own timeout."""
+    if item.get_closest_marker("timeout") is not None:
+        return None
+    bounds = {**FIXTURE_BOUNDS_S, **getattr(getattr(item, "module", None), "FIXTURE_BOUNDS_S", {})}
+    extra = sum(bound for name, bound in bounds.items() if name in getattr(item, "fixturenames", ()))
+    return default_s + extra if extra else None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    try:
+        default_s = float(config.getini("timeout") or 0)
+    except ValueError:  # pytest-timeout not loaded: no timeouts to raise
+        default_s = 0.0
+    for item in items:
+        needed = fixture_timeout(item, default_s) if default_s else None
+        if needed is not None:
+            item.add_marker(pytest.mark.timeout(needed))
     expression = config.option.markexpr or ""
     if "slow" in expression and "not slow" not in expression:
         return
@@ -92,5 +119,5 @@ def reference_conformance_run(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("reference-conformance-run")
     result = subprocess.run([sys.executable, "-m", "conformance.cli", "run", "--launch", REFERENCE_TRACED_TEMPLATE,
                              "--report-dir", str(root / "report"), "--seed", "7", "--quiet"], capture_output=True,
-                            text=True, timeout=900, check=False, cwd=Path(__file__).resolve().parents[1])
+                            text=True, timeout=REFERENCE_RUN_S, check=False, cwd=Path(__file__).resolve().parents[1])
     return result, root / "report", root / "report" / "trace"

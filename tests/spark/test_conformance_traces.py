@@ -30,11 +30,15 @@ pytestmark = pytest.mark.spark
 REPO = Path(__file__).resolve().parents[2]
 BROKER_KINDS = {"accept_decision", "accept_commit", "delivery", "delivery_ack"}
 DAEMON_KINDS = {"ipc_decision", "outbox_transition", "inbox_insert", "sse_event"}
+#: the bound of `meshconform broker` against the reference broker, which `conformance_traces` runs
+BROKER_RUN_S = 600
+#: tests/conftest.py raises the timeout of the tests using these fixtures by their bounds (`fixture_timeout`)
+FIXTURE_BOUNDS_S = {"conformance_traces": BROKER_RUN_S}
 
 
 def meshconform(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "conformance.cli", *args, "--quiet"], capture_output=True,
-                          text=True, timeout=600, check=False, cwd=REPO)
+                          text=True, timeout=BROKER_RUN_S, check=False, cwd=REPO)
 
 
 def check_both(spark, trace: Path, scratch: Path) -> tuple[oracle.Report, oracle.Report, set[str]]:
