@@ -291,9 +291,9 @@ class SparkChecker:
     def _candidates(self, ev, stats: dict[str, Any]):
         """The candidate violations of every part of the catalogue. Each part is its own query, run from a driver
         thread of its own (all at once) and its candidates kept (``localCheckpoint``); their union is what the run
-        groups. One query of every part costs more than the parts apart: adaptive execution plans the whole query
-        again after each of its ~140 stages, and a part waits on stages of the others it does not need (on 2 cores,
-        an 8,000-event trace's catalogue took 16.5 s as one query, 11.5 s as parts)."""
+        groups. One query of every part took longer than the parts apart (on 2 cores an 8,000-event trace's catalogue
+        took 19-20 s as one query, 12-16 s as parts; README, Performance). Why is not isolated: adaptive execution
+        plans a query again after each of its stages (~140 in one), but turning it off alone did not close the gap."""
         from concurrent.futures import ThreadPoolExecutor
 
         from pyspark import inheritable_thread_target

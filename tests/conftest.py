@@ -28,7 +28,7 @@ USES_SPARK = re.compile(r'\bdef \w+\((?:.*[ ,(])?spark\b|getfixturevalue\("spark
 ROOT = Path(__file__).resolve().parent.parent
 #: The bound of the full reference conformance run (`reference_conformance_run`'s subprocess timeout).
 REFERENCE_RUN_S = 900
-#: Fixtures that may take longer than a test's own timeout (pytest.ini's `timeout`), with their bounds in seconds.
+#: Fixtures that may take longer than a test's own timeout (`timeout` in pyproject.toml), with their bounds in seconds.
 #: pytest-timeout counts a test's setup, so the first test asking for one of them would be stopped while the fixture
 #: is still inside its own bound (on a loaded 2-core machine the reference run alone took 268 s of the 300); every
 #: test whose fixture closure holds one gets its timeout raised by that bound (`fixture_timeout`). A module adds

@@ -71,14 +71,24 @@ def check_parquet_cases(cases: dict, tmp_path: Path, capsys) -> None:
             assert document["invalid"]["count"] == len(want), name
 
 
+# the exit codes, the quick Parquet cases and the URIs are four tests, not one: each is a handful of checks of their
+# own, and as one test they took 208 s of the 300 s timeout on a loaded 2-core machine
 @pytest.mark.spark
-def test_spark_exit_codes_parquet_and_uris(spark, parquet_cases, tmp_path: Path, capsys):  # noqa: F811
+def test_spark_exit_codes_of_the_corpus(spark, tmp_path: Path):
     by_id = {c["id"]: c for c in CASES}
     for case_id, level in (("misspelt_kind", "plain"), ("truncated_eof", "torn-tail"), ("truncated_eof", "plain")):
         argv = [str(CORPUS / by_id[case_id]["file"]), *(["--tolerate", level] if level != "plain" else [])]
         assert spark_check(tmp_path, *argv)[0] == by_id[case_id]["exit"][level], (case_id, level)
+
+
+@pytest.mark.spark
+def test_spark_judges_the_quick_parquet_cases(spark, parquet_cases, tmp_path: Path, capsys):  # noqa: F811
     assert set(SPARK_QUICK) <= set(parquet_cases)
     check_parquet_cases({name: parquet_cases[name] for name in SPARK_QUICK}, tmp_path, capsys)
+
+
+@pytest.mark.spark
+def test_spark_reads_file_uris_and_trace_directories(spark, parquet_cases, tmp_path: Path):  # noqa: F811
     path, want = parquet_cases["shared_line_two_files"]
     code, document = spark_check(tmp_path, f"file://{path}", "--tolerate", "invalid")
     assert code in (0, 1) and document["events"] == 259 - len(want)
@@ -91,13 +101,18 @@ def test_spark_exit_codes_parquet_and_uris(spark, parquet_cases, tmp_path: Path,
     code, document = spark_check(tmp_path, f"file://{trace}", str(trace / "events"))  # read once
     assert (code, document["events"]) == (0, 29)
     assert trace == tmp_path / "t"
-    check_percent_encoded(tmp_path, lambda argv: meshtrace(["check", *argv, "--engine", "spark", "--master",
-                                                            "local[2]"]))
     (tmp_path / "linked").mkdir()  # a hard link too, as the other engines read it
     for f in (trace / "events").rglob("*.parquet"):
         os.link(f, tmp_path / "linked" / f"{f.parent.name}-{f.name}")
     code, document = spark_check(tmp_path, str(trace), str(tmp_path / "linked"))
     assert (code, document["events"]) == (0, 29)
+
+
+@pytest.mark.spark
+def test_spark_reads_percent_encoded_uris(spark, tmp_path: Path):
+    fmt.convert_jsonl([CORPUS / "crlf.jsonl"], tmp_path / "t" / "events")
+    check_percent_encoded(tmp_path, lambda argv: meshtrace(["check", *argv, "--engine", "spark", "--master",
+                                                            "local[2]"]))
 
 
 @pytest.mark.slow
