@@ -105,11 +105,10 @@ def rfc3339_ms(text: Any) -> int | None:
 
 def budget_s(request: pytest.FixtureRequest) -> float:
     """How long this node may still wait: its case timeout (or what is left of the run), less a margin."""
-    from conformance.plugin import STATE
+    from conformance.plugin import STATE, case_timeout_s
 
-    config = request.config
-    timeout = float(config.getoption("--meshspec-case-timeout"))
-    return min(timeout, config.stash[STATE].remaining_s) - CASE_MARGIN_S
+    state = request.config.stash[STATE]
+    return min(case_timeout_s(state), state.remaining_s) - CASE_MARGIN_S
 
 
 def dedupe_params(peer: Member) -> dict[str, Any] | None:

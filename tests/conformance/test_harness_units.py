@@ -264,6 +264,14 @@ def test_the_default_case_timeout_covers_the_slowest_cases_waits_on_the_declared
     assert case_timeout_s(state(None, quick)) == 90
     assert case_timeout_s(state(None, None)) == 90  # the target not started yet
     assert case_timeout_s(state(45.0, upstream)) == 45
+    # the broker cases' clock budget reads the same timeout, not the raw option (None when --case-timeout is unset)
+    from conformance.broker_cases._support import CASE_MARGIN_S, budget_s
+    from conformance.plugin import STATE
+
+    for case_timeout, declared, want in ((None, upstream, 121), (None, None, 90), (45.0, upstream, 45)):
+        run = state(case_timeout, declared)
+        request = SimpleNamespace(config=SimpleNamespace(stash={STATE: run}))
+        assert budget_s(request) == min(want, run.remaining_s) - CASE_MARGIN_S
 
 
 def test_the_run_deadline_skips_what_would_start_after_it(tmp_path):
