@@ -12,8 +12,7 @@ cluster.
    client_message_id) subjects are heavy. For a Parquet trace it is the read's own pass, which also counts the
    invalid events; a JSONL trace's valid events are kept (``localCheckpoint``) after the read, which parsed and
    judged them, and the pre-job reads them from there.
-2. The catalogue's parts run as queries of their own, all at once from driver threads, each reading the dataset
-   (``_candidates``):
+2. One job runs the catalogue, reading the dataset four times:
 
    * the per-row invariants (outbox legality, IPC consistency, frozen fingerprint, ids never freed, max age) are
      windows over (node, client_message_id) in seq order. A heavy subject is split into chunks of ``chunk`` seq
@@ -26,8 +25,7 @@ cluster.
    * the per-node orderings (SSE event ids, and seq where ``seq - line`` is not constant) are windows over chunks of
      ``line``, with chunk boundaries checked on a per-chunk summary.
 
-   Every part yields candidate violations, kept as it ends (``localCheckpoint``), and one aggregation over their
-   union keeps the first per (invariant, key).
+   Every branch yields candidate violations and one aggregation keeps the first per (invariant, key).
 3. The reported violations' events and evidence are fetched with broadcast joins.
 
 Shuffled rows stay narrow: a node is its index in name order, an event reference is one long ``(node index << 44) |
@@ -289,29 +287,11 @@ class SparkChecker:
 
     # --- candidates ---------------------------------------------------------------------------------------------
     def _candidates(self, ev, stats: dict[str, Any]):
-        """The candidate violations of every part of the catalogue. Each part is its own query, run from a driver
-        thread of its own (all at once) and its candidates kept (``localCheckpoint``); their union is what the run
-        groups. One query of every part took longer than the parts apart (on 2 cores an 8,000-event trace's catalogue
-        took 19-20 s as one query, 12-16 s as parts; README, Performance). Why is not isolated: adaptive execution
-        plans a query again after each of its stages (~140 in one), but turning it off alone did not close the gap."""
-        from concurrent.futures import ThreadPoolExecutor
-
-        from pyspark import inheritable_thread_target
-
-        builders = [lambda: self._rows(ev, stats["heavy"]), lambda: self._messages(ev, stats),
-                    lambda: self._requeues(ev), lambda: self._gaps(ev, stats),
-                    lambda: self._ordered(ev.filter(ev.kind == "sse_event"), "event_id", "TRC-EVENT-IDS-MONOTONIC")]
+        parts = [self._rows(ev, stats["heavy"]), self._messages(ev, stats), self._requeues(ev),
+                 self._ordered(ev.filter(ev.kind == "sse_event"), "event_id", "TRC-EVENT-IDS-MONOTONIC"),
+                 self._gaps(ev, stats)]
         if stats["seq_suspects"]:
-            builders.append(lambda: self._ordered(ev.filter(ev.node.isin(stats["seq_suspects"])), "seq",
-                                                  "TRC-SEQ-MONOTONIC"))
-
-        # the caller's job group, tags and other local properties hold in every part
-        @inheritable_thread_target(self.spark)
-        def run(build):
-            return build().localCheckpoint()
-
-        with ThreadPoolExecutor(max_workers=len(builders), thread_name_prefix="meshtrace-part") as pool:
-            parts = list(pool.map(run, builders))
+            parts.append(self._ordered(ev.filter(ev.node.isin(stats["seq_suspects"])), "seq", "TRC-SEQ-MONOTONIC"))
         result = parts[0]
         for part in parts[1:]:
             result = result.unionByName(part)
