@@ -7,6 +7,7 @@ had to provide did not hold — a member could not join, a committed send was ne
 
 from __future__ import annotations
 
+import time
 import uuid
 from datetime import datetime
 from typing import Any
@@ -101,6 +102,28 @@ def rfc3339_ms(text: Any) -> int | None:
     except ValueError:
         return None
     return round(parsed.timestamp() * 1000) if parsed.tzinfo is not None else None
+
+
+def first_acks(waits: list[tuple[Any, str]], quiet_s: float = ANSWER_S, poll_s: float = 0.01,
+               clock: Any = time.monotonic, sleep: Any = time.sleep) -> list[dict[str, Any] | None]:
+    """The first ack of each (member, client_message_id), waited for together. The wait ends when each has its ack
+    (or its connection closed), or ``quiet_s`` after the last new one: a broker that serialises racing accepts (one
+    lock, one writer at a time) answers them one after another, and is judged by whether it keeps answering, not
+    by whether the last of them fits in one member's wait."""
+    def firsts() -> list[dict[str, Any] | None]:
+        return [next(iter(member.acks(key)), None) for member, key in waits]
+
+    found = firsts()
+    last_new = clock()
+    while any(ack is None and not member.closed for ack, (member, _) in zip(found, waits, strict=True)):
+        if clock() - last_new >= quiet_s:
+            break
+        sleep(poll_s)
+        now = firsts()
+        if sum(ack is not None for ack in now) > sum(ack is not None for ack in found):
+            last_new = clock()
+        found = now
+    return firsts()
 
 
 def budget_s(request: pytest.FixtureRequest) -> float:

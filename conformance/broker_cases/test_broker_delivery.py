@@ -25,6 +25,7 @@ from conformance.broker_cases._support import (
     PUSH,
     budget_s,
     cmid,
+    first_acks,
     inline_limit,
     join,
     status,
@@ -63,7 +64,7 @@ def test_delivery_redelivers_until_the_recipient_acks(broker_target, member, ver
     keys = {role: cmid(f"deliver-{role}") for role in ROLES}
     for role in ROLES:
         sender.send(send_frame(keys[role], receiver.pubkey, f"delivery {role}"))
-    acks = {role: sender.ack(keys[role]) for role in ROLES}
+    acks = dict(zip(ROLES, first_acks([(sender, keys[role]) for role in ROLES]), strict=True))
     not_accepted = {role: summary(ack) for role, ack in acks.items() if status(ack) != 201}
     if not_accepted:
         verdict.blocked(REQUIREMENTS, f"DMs to a connected member were not accepted: {not_accepted}")

@@ -274,6 +274,61 @@ def test_the_default_case_timeout_covers_the_slowest_cases_waits_on_the_declared
         assert budget_s(request) == min(want, run.remaining_s) - CASE_MARGIN_S
 
 
+
+class _Clock:
+    """A fake clock whose sleep advances it and lets the fake members' acks arrive on schedule."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class _Racer:
+    def __init__(self, clock: _Clock, answer_at: float | None, closes_at: float | None = None):
+        self.clock, self.answer_at, self.closes_at = clock, answer_at, closes_at
+
+    def acks(self, key: str) -> list[dict]:
+        came = self.answer_at is not None and self.clock.now >= self.answer_at
+        return [{"type": "ack", "client_message_id": key, "status": 200}] if came else []
+
+    @property
+    def closed(self) -> bool:
+        return self.closes_at is not None and self.clock.now >= self.closes_at
+
+
+def test_racers_acks_are_waited_for_together_while_the_broker_keeps_answering():
+    """first_acks: a broker answering 16 racers one every 3 s, the first racer last (48 s in all), gets every ack
+    with a 10 s quiet bound, where a wait per racer in turn would give the first one up at 10 s; one that stops
+    answering leaves the rest None 10 s after its last answer; a closed racer ends its own wait."""
+    from conformance.broker_cases._support import first_acks
+
+    clock = _Clock()
+    serial = [_Racer(clock, 3.0 * (16 - n)) for n in range(16)]
+    acks = first_acks([(r, "k") for r in serial], quiet_s=10.0, poll_s=0.5, clock=clock, sleep=clock.sleep)
+    assert all(ack is not None for ack in acks) and 48.0 <= clock.now < 49.0
+
+    clock = _Clock()
+    stalled = [_Racer(clock, 2.0 * (n + 1) if n < 5 else None) for n in range(16)]
+    acks = first_acks([(r, "k") for r in stalled], quiet_s=10.0, poll_s=0.5, clock=clock, sleep=clock.sleep)
+    assert [ack is not None for ack in acks] == [True] * 5 + [False] * 11
+    assert 20.0 <= clock.now < 20.6  # 10 s after the fifth ack at 10 s: never cut while answers keep coming
+
+    clock = _Clock()
+    closing = [_Racer(clock, 1.0), _Racer(clock, None, closes_at=2.0)]
+    acks = first_acks([(r, "k") for r in closing], quiet_s=10.0, poll_s=0.5, clock=clock, sleep=clock.sleep)
+    assert acks[0] is not None and acks[1] is None and clock.now <= 2.5
+
+    clock = _Clock()
+    silent = [_Racer(clock, None) for _ in range(3)]
+    assert first_acks([(r, "k") for r in silent], quiet_s=10.0, poll_s=0.5, clock=clock,
+                      sleep=clock.sleep) == [None] * 3
+    assert 10.0 <= clock.now < 10.6
+
 def test_the_run_deadline_skips_what_would_start_after_it(tmp_path):
     cases = tmp_path / "cases"
     cases.mkdir()
