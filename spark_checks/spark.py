@@ -71,6 +71,11 @@ PENDING_CODE = STATES.index("pending") + 1
 START, START_ATTEMPTS = "start", "start-attempts"  # _rows' cases of a first transition starting at `pending`
 DEFAULT_CHUNK = 1 << 17
 SAMPLE_TARGET = 200  # sampled events expected from a subject of ``chunk`` events
+#: the families of ``SparkChecker._by_line`` whose value strictly increases in a node's line order: flag -> (value
+#: column, invariant, catalogue.DETAILS case)
+LINE_ORDERED = {"e": ("event_id", "TRC-EVENT-IDS-MONOTONIC", "event_id-not-increasing"),
+                "i": ("inbox_seq", "TRC-INBOX-SEQ-MONOTONIC", "inbox_seq-not-increasing"),
+                "s": ("seq", "TRC-SEQ-MONOTONIC", "seq-not-increasing")}
 SEQ_BITS = 44  # an event reference is (node index << SEQ_BITS) | seq
 OT, IPC = "outbox_transition", "ipc_decision"
 
@@ -288,10 +293,7 @@ class SparkChecker:
     # --- candidates ---------------------------------------------------------------------------------------------
     def _candidates(self, ev, stats: dict[str, Any]):
         parts = [self._rows(ev, stats["heavy"]), self._messages(ev, stats), self._requeues(ev),
-                 self._ordered(ev.filter(ev.kind == "sse_event"), "event_id", "TRC-EVENT-IDS-MONOTONIC"),
-                 self._gaps(ev, stats)]
-        if stats["seq_suspects"]:
-            parts.append(self._ordered(ev.filter(ev.node.isin(stats["seq_suspects"])), "seq", "TRC-SEQ-MONOTONIC"))
+                 self._by_line(ev, stats), self._deliveries(ev, stats), self._gaps(ev, stats)]
         result = parts[0]
         for part in parts[1:]:
             result = result.unionByName(part)
@@ -572,12 +574,11 @@ class SparkChecker:
             F.struct(resolved.alias("case"), F.col("detail.fact").alias("fact")).alias("detail"))
 
     def _messages(self, ev, stats: dict[str, Any]):
-        """The broker and inbox invariants: three aggregations with fixed-width buffers (hashed keys, longs and
+        """The broker and inbox invariants: two aggregations with fixed-width buffers (hashed keys, longs and
         booleans), so Spark aggregates by hashing, map side first.
 
         * per (mesh, client_message_id, broker_message_id): TRC-SIDE-EFFECTS, TRC-DONE-HAS-MESSAGE,
           TRC-DELIVERY-COMMITTED, and by a window over its result, per (mesh, client_message_id) TRC-ONE-MESSAGE;
-        * per (mesh, delivery_id): TRC-DELIVERY-ACKED;
         * per (recipient, client_message_id): TRC-ONE-INBOX-ROW, and in the same aggregation per (node,
           client_message_id, hook): TRC-HOOK-ONCE, TRC-HOOK-ENQUEUED, TRC-HOOK-RUN-FINISHED, TRC-HOOK-REPLY-ID.
         """
@@ -588,7 +589,7 @@ class SparkChecker:
         named = (kind == "accept_decision") & F.col("broker_message_id").isNotNull()
         commit = kind == "accept_commit"
         done = (kind == OT) & (F.col("to_state") == "done")
-        delivery, ack = kind == "delivery", kind == "delivery_ack"
+        delivery = kind == "delivery"
         complete = ((F.col("effects_dedupe") == 1) & (F.col("effects_message") == 1)
                     & (F.col("effects_history") == 1) & (F.col("effects_delivery") == F.col("recipients")))
         broker_meshes = sorted(stats["broker_meshes"])
@@ -661,35 +662,7 @@ class SparkChecker:
             (~two & (F.col("s_commits") > 1), self._candidate(
                 "TRC-ONE-MESSAGE", blank, m1, m2, ref("s_commit_last"), ref("s_commit"), "one-message-commits",
                 fact=F.col("s_commits"))))
-        # --- per delivery
-        deliveries = ev.filter(delivery | ack).select(
-            F.xxhash64("mesh", "delivery_id").alias("m1"), F.hash("mesh", "delivery_id").alias("m2"),
-            pk.alias("pk"), "line", "lease_until_ms", delivery.alias("delivery"), ack.alias("ack")
-        ).withColumn("at", self._position()).groupBy("m1", "m2").agg(
-            *last("delivery", "last"),
-            F.max_by("lease_until_ms", F.when(F.col("delivery"), F.col("at"))).alias("last_lease"),
-            *first("ack")).filter(F.col("last_pk").isNotNull())
-        ends = local_frame(self.spark, sorted(stats["node_end"].items()), "node string, end long").join(
-            self.node_ids, "node").select(F.col("ni").alias("end_ni"), "end")
-        deliveries = deliveries.join(F.broadcast(ends), F.shiftright(F.col("last_pk"), SEQ_BITS) == F.col("end_ni"),
-                                     "left")
-        acked = self._explode(
-            deliveries,
-            (F.col("ack_pk").isNull() & (F.col("last_lease") + self.grace < F.col("end")), self._candidate(
-                "TRC-DELIVERY-ACKED", blank, m1, m2, ref("last"), None, "delivery-unacked", fact=F.col("end"))),
-            (F.col("ack_pk").isNotNull() & (F.struct("last_pk", "last_line") > F.struct("ack_pk", "ack_line")),
-             self._candidate("TRC-DELIVERY-ACKED", blank, m1, m2, ref("last"), ref("ack"), "delivery-after-ack")))
-        # an ack naming no traced delivery of its (mesh, delivery_id) with its recipient and broker message
-        named_by = ("mesh", "delivery_id", "recipient", "broker_message_id")
-        traced = ev.filter(delivery).select(F.xxhash64(*named_by).alias("d1"), F.hash(*named_by).alias("d2"))
-        unknown = ev.filter(ack).select(
-            F.xxhash64("mesh", "delivery_id").alias("m1"), F.hash("mesh", "delivery_id").alias("m2"),
-            F.xxhash64(*named_by).alias("d1"), F.hash(*named_by).alias("d2"), pk.alias("pk"), "line",
-            F.lit(True).alias("unknown")
-        ).join(traced, ["d1", "d2"], "left_anti").withColumn("at", self._position()).groupBy("m1", "m2").agg(
-            *first("unknown"))
-        acked = acked.unionByName(self._explode(unknown, (F.col("unknown_pk").isNotNull(), self._candidate(
-            "TRC-DELIVERY-ACKED", blank, m1, m2, ref("unknown"), None, "delivery-ack-unknown"))))
+        ends = self._ends(stats).select(F.col("ni").alias("end_ni"), "end")
         # --- per inbox row and per hook run: one aggregation (one exchange) keyed by the family (``hk``) and its
         # subject, (recipient, client_message_id) for a new inbox row, (node, client_message_id, hook) for a hook
         # run's events
@@ -733,7 +706,7 @@ class SparkChecker:
                 fact=F.col("end"))),
             (hk & F.col("bad_pk").isNotNull(), self._candidate(
                 "TRC-HOOK-REPLY-ID", blank, m1, m2, ref("bad"), None, "hook-reply-id")))
-        return per_message.unionByName(acked).unionByName(inserted)
+        return per_message.unionByName(inserted)
 
     def _requeues(self, ev):
         """TRC-FP-FROZEN for requeue successors: the successor carries the fingerprint of the (first) row whose
@@ -776,52 +749,109 @@ class SparkChecker:
                             F.when(orphan, "outbox-successor-orphan").otherwise("outbox-successor-row"),
                             mode="pair")))
 
-    def _ordered(self, frame, value: str, invariant_id: str):
-        """Per node, ``value`` strictly increases in line order: windows over chunks of ``line``, boundaries on a
-        per-chunk summary."""
+    def _by_line(self, ev, stats: dict[str, Any]):
+        """The invariants over each node's events in line order, as one family ((node, chunk of ``line``)): one
+        projection of the events flagged by what they are, one window over (node, chunk) in (line, seq) order, one
+        aggregation per (node, chunk) and a window over that small summary, whose few rows a chunk needs from the
+        chunks before it are broadcast back.
+
+        * TRC-EVENT-IDS-MONOTONIC (every sse_event's event_id), TRC-INBOX-SEQ-MONOTONIC (the inbox_seq of each new
+          inbox row), TRC-SEQ-MONOTONIC (every event's seq, on the nodes whose seqs and lines do not move together:
+          ``seq_suspects``): within a chunk each value against the family's previous one, and a chunk's first
+          against the last of the family's chunks before it;
+        * TRC-MESSAGE-EVENT-NEW-ROW: on a node with more message events than new rows, the running counts of both
+          in line order (what the chunks before carry in, plus the chunk's own) find the message events that
+          outnumber the rows before them, each with the last inbox_insert before it.
+
+        A node's valid events hold distinct lines (a shared position is invalid input) and a line may be any
+        non-negative long, so the line is the order itself."""
         from pyspark.sql import Window
         from pyspark.sql import functions as F
 
-        events = frame.select("ni", "line", "seq", F.col(value).cast("long").alias("value"),
-                              F.floor(F.col("line") / self.chunk).alias("chunk"))
-        point = F.struct("line", "seq", "value")
+        kind = F.col("kind")
+        insert = kind == "inbox_insert"
+        new = insert & F.coalesce(F.col("inserted"), F.lit(False))
+        suspects = stats["seq_suspects"]
+        suspect = F.col("node").isin(suspects) if suspects else F.lit(False)
+        flags = {"e": kind == "sse_event", "i": new & F.col("inbox_seq").isNotNull(), "s": suspect}
+        rows = ev.filter((kind == "sse_event") | insert | suspect).select(
+            "ni", "seq", "line", F.floor(F.col("line") / self.chunk).alias("chunk"),
+            *[flag.alias(f"is_{name}") for name, flag in flags.items()],
+            *[F.col(column).cast("long").alias(f"v_{name}") for name, (column, _, _) in LINE_ORDERED.items()],
+            ((kind == "sse_event") & (F.col("event") == "message")).cast("int").alias("message"),
+            new.cast("int").alias("new"), insert.alias("ins"))
+
+        def point(name: str):
+            return F.struct("line", "seq", F.col(f"v_{name}").alias("value"))
+
         w = Window.partitionBy("ni", "chunk").orderBy("line", "seq")
-        within = events.select("ni", "seq", "line", "value", F.lag(point).over(w).alias("prev"))
+        before, upto = w.rowsBetween(Window.unboundedPreceding, -1), w.rowsBetween(Window.unboundedPreceding, 0)
+        windowed = rows.select(
+            "*", *[F.last(F.when(F.col(f"is_{name}"), point(name)), ignorenulls=True).over(before).alias(f"p_{name}")
+                   for name in LINE_ORDERED],
+            F.sum("message").over(upto).alias("run_messages"), F.sum("new").over(upto).alias("run_news"),
+            F.last(F.when(F.col("ins"), F.struct("line", "seq")), ignorenulls=True).over(before).alias("p_ins"))
+        # per (node, chunk): each family's first and last value, the message events, new rows and last insert
+        tails = []
+        for name in LINE_ORDERED:
+            order = F.when(F.col(f"is_{name}"), F.col("line"))
+            tails += [F.max(order).alias(f"tail_line_{name}"), F.max_by("seq", order).alias(f"tail_seq_{name}"),
+                            F.max_by(f"v_{name}", order).alias(f"tail_v_{name}")]
+        last_insert = F.when(F.col("ins"), F.col("line"))
+        summary = rows.groupBy("ni", "chunk").agg(
+            *tails, F.sum("message").alias("messages"), F.sum("new").alias("news"),
+            F.max(last_insert).alias("last_line"), F.max_by("seq", last_insert).alias("last_seq"))
+        node = Window.partitionBy("ni")
+        earlier = node.orderBy("chunk").rowsBetween(Window.unboundedPreceding, -1)
+
+        def tail(name: str):
+            return F.when(F.col(f"tail_line_{name}").isNotNull(), F.struct(
+                F.col(f"tail_line_{name}").alias("line"), F.col(f"tail_seq_{name}").alias("seq"),
+                F.col(f"tail_v_{name}").alias("value")))
+
+        last = F.when(F.col("last_line").isNotNull(), F.struct(F.col("last_line").alias("line"),
+                                                                F.col("last_seq").alias("seq")))
+        carried = summary.select(
+            "ni", "chunk", *[F.last(tail(name), ignorenulls=True).over(earlier).alias(f"c_{name}")
+                             for name in LINE_ORDERED],
+            (F.sum("messages").over(node) - F.sum("news").over(node)).alias("surplus"),
+            F.coalesce(F.sum("messages").over(earlier), F.lit(0)).alias("messages_before"),
+            F.coalesce(F.sum("news").over(earlier), F.lit(0)).alias("news_before"),
+            F.last(last, ignorenulls=True).over(earlier).alias("last_before"))
+        # what a chunk needs from before it: a chunk after a node's first (a node of more than ``chunk`` lines), or
+        # a node with more message events than new rows -- few rows, broadcast
+        needed = F.col("surplus") > 0
+        for name in LINE_ORDERED:
+            needed = needed | F.col(f"c_{name}").isNotNull()
+        carried = carried.filter(needed)
+        joined = windowed.join(F.broadcast(carried), ["ni", "chunk"], "left")
         zero = F.lit(0)
         here = {"pk": self._pk(), "line": F.col("line")}
-        before = {"pk": self._pk(seq=F.col("prev.seq")), "line": F.col("prev.line")}
-        case = f"{value}-not-increasing"  # catalogue.DETAILS
-        inside = self._explode(within, (F.col("value") <= F.col("prev.value"), self._candidate(
-            invariant_id, F.col("ni"), zero, zero, here, before, case, by_line=True)))
-        # line order within a node: a node's valid events hold distinct lines (a shared position is invalid input),
-        # and a line may be any non-negative long, so it is the order itself (no room to pack a tie-break beside it)
-        order = F.col("line")
-        summary = events.groupBy("ni", "chunk").agg(
-            F.min("line").alias("head_line"), F.min_by("seq", order).alias("head_seq"),
-            F.min_by("value", order).alias("head_value"), F.max("line").alias("tail_line"),
-            F.max_by("seq", order).alias("tail_seq"), F.max_by("value", order).alias("tail_value"))
-        ws = Window.partitionBy("ni").orderBy("chunk")
-        bounds = summary.select("ni", "head_line", "head_seq", "head_value",
-                                *[F.lag(c).over(ws).alias(f"prev_{c}") for c in ("tail_line", "tail_seq",
-                                                                                  "tail_value")])
-        head = {"pk": self._pk(seq=F.col("head_seq")), "line": F.col("head_line")}
-        tail = {"pk": self._pk(seq=F.col("prev_tail_seq")), "line": F.col("prev_tail_line")}
-        across = self._explode(bounds, (F.col("head_value") <= F.col("prev_tail_value"), self._candidate(
-            invariant_id, F.col("ni"), zero, zero, head, tail, case, by_line=True)))
-        return inside.unionByName(across)
+
+        def at(column: str):
+            return {"pk": self._pk(seq=F.col(f"{column}.seq")), "line": F.col(f"{column}.line")}
+
+        cases = []
+        for name, (_, invariant_id, case) in LINE_ORDERED.items():
+            value, previous, carried_in = F.col(f"v_{name}"), F.col(f"p_{name}"), F.col(f"c_{name}")
+            is_name = F.col(f"is_{name}")
+            cases += [(is_name & (value <= previous["value"]), self._candidate(
+                          invariant_id, F.col("ni"), zero, zero, here, at(f"p_{name}"), case, by_line=True)),
+                      (is_name & previous.isNull() & (value <= carried_in["value"]), self._candidate(
+                          invariant_id, F.col("ni"), zero, zero, here, at(f"c_{name}"), case, by_line=True))]
+        messages = F.col("messages_before") + F.col("run_messages")
+        news = F.col("news_before") + F.col("run_news")
+        cases.append(((F.col("message") == 1) & (F.col("surplus") > 0) & (messages > news), self._candidate(
+            "TRC-MESSAGE-EVENT-NEW-ROW", F.col("ni"), zero, zero, here,
+            {"pk": self._pk(seq=F.coalesce(F.col("p_ins.seq"), F.col("last_before.seq"))),
+             "line": F.coalesce(F.col("p_ins.line"), F.col("last_before.line"))},
+            "message-event-without-row", by_line=True, fact=news)))
+        return self._explode(joined, *cases)
 
     def _gaps(self, ev, stats: dict[str, Any]):
-        """TRC-NEW-ROW-TRACED, TRC-INFLIGHT-RESOLVED, TRC-DUP-FINGERPRINT, TRC-DELIVERY-ATTEMPTS,
-        TRC-INBOX-SEQ-NAMES-ROW, TRC-INBOX-SEQ-MONOTONIC and TRC-MESSAGE-EVENT-NEW-ROW."""
-        from pyspark.sql import functions as F
-
-        ends = local_frame(self.spark, sorted(stats["node_end"].items()), "node string, end long").join(
-            self.node_ids, "node").select("ni", "end")
-        inserted = (F.col("kind") == "inbox_insert") & F.coalesce(F.col("inserted"), F.lit(False))
-        return (self._new_rows(ev, ends).unionByName(self._duplicates(ev)).unionByName(self._attempts(ev))
-                .unionByName(self._inbox_names(ev)).unionByName(self._message_events(ev))
-                .unionByName(self._ordered(ev.filter(inserted & F.col("inbox_seq").isNotNull()), "inbox_seq",
-                                           "TRC-INBOX-SEQ-MONOTONIC")))
+        """TRC-NEW-ROW-TRACED, TRC-INFLIGHT-RESOLVED, TRC-DUP-FINGERPRINT and TRC-INBOX-SEQ-NAMES-ROW."""
+        return (self._new_rows(ev, self._ends(stats)).unionByName(self._duplicates(ev))
+                .unionByName(self._inbox_names(ev)))
 
     def _new_rows(self, ev, ends):
         """TRC-NEW-ROW-TRACED and TRC-INFLIGHT-RESOLVED, in one window over (node, client_message_id) of the
@@ -908,21 +938,60 @@ class SparkChecker:
             (F.col("mismatch").isNotNull() & same, self._candidate(
                 "TRC-DUP-FINGERPRINT", blank, m1, m2, F.col("mismatch"), related, "dup-mismatch-same-fingerprint")))
 
-    def _attempts(self, ev):
-        """TRC-DELIVERY-ATTEMPTS: consecutive deliveries of a (mesh, delivery_id) in (node, seq) order, one window
-        (a delivery's leases are few; a window partition holding many spills rather than failing)."""
+    def _deliveries(self, ev, stats: dict[str, Any]):
+        """The invariants per (mesh, delivery_id), as one family: one window over its deliveries and acks in (node,
+        seq, line) order, whose whole-partition aggregates give each subject's last delivery (with its lease), its
+        first ack and the deliveries it traced; the candidates are rows of that one window.
+
+        * TRC-DELIVERY-ATTEMPTS: each delivery's attempt against the delivery before it;
+        * TRC-DELIVERY-ACKED: at the subject's last delivery, no ack though its lease (plus the redelivery grace)
+          ended before its node's trace did, or a delivery after the first ack; at an ack, that no delivery of the
+          subject was traced with its recipient and broker message (one violation per subject: the candidates'
+          grouping keeps the first).
+
+        A delivery's leases are few; a window partition holding many spills rather than failing."""
         from pyspark.sql import Window
         from pyspark.sql import functions as F
 
-        point = F.struct(self._pk().alias("pk"), "line", F.col("attempt").cast("long").alias("attempt"))
-        events = ev.filter(F.col("kind") == "delivery").select(
+        delivery, ack = F.col("kind") == "delivery", F.col("kind") == "delivery_ack"
+        named_by = ("mesh", "delivery_id", "recipient", "broker_message_id")
+        rows = ev.filter(delivery | ack).select(
             F.xxhash64("mesh", "delivery_id").alias("m1"), F.hash("mesh", "delivery_id").alias("m2"),
-            point.alias("at"))
-        w = Window.partitionBy("m1", "m2").orderBy("at")
-        pairs = events.select("m1", "m2", "at", F.lag("at").over(w).alias("prev"))
+            self._pk().alias("pk"), "line", F.col("lease_until_ms").alias("lease"),
+            F.col("attempt").cast("long").alias("attempt"), delivery.alias("delivery"), ack.alias("ack"),
+            F.struct(F.xxhash64(*named_by).alias("d1"), F.hash(*named_by).alias("d2")).alias("named"))
+        w = Window.partitionBy("m1", "m2").orderBy("pk", "line")
+        whole = w.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
+        is_delivery, is_ack = F.col("delivery"), F.col("ack")
+        windowed = rows.select(
+            "*", F.max(F.when(is_delivery, F.struct("pk", "line", "lease"))).over(whole).alias("last"),
+            F.min(F.when(is_ack, F.struct("pk", "line"))).over(whole).alias("first_ack"),
+            F.collect_set(F.when(is_delivery, F.col("named"))).over(whole).alias("traced"),
+            F.last(F.when(is_delivery, F.struct("pk", "line", "attempt")), ignorenulls=True)
+            .over(w.rowsBetween(Window.unboundedPreceding, -1)).alias("prev"))
+        ends = self._ends(stats).select(F.col("ni").alias("end_ni"), "end")
+        windowed = windowed.join(F.broadcast(ends), F.shiftright(F.col("last.pk"), SEQ_BITS) == F.col("end_ni"),
+                                 "left")
         blank, m1, m2 = F.lit(""), F.col("m1"), F.col("m2")
-        return self._explode(pairs, (F.col("at.attempt") <= F.col("prev.attempt"), self._candidate(
-            "TRC-DELIVERY-ATTEMPTS", blank, m1, m2, F.col("at"), F.col("prev"), "attempt-not-increasing")))
+        here = {"pk": F.col("pk"), "line": F.col("line")}
+        last, first_ack = F.col("last"), F.col("first_ack")
+        at_last = is_delivery & (F.col("pk") == last["pk"]) & (F.col("line") == last["line"])
+        return self._explode(
+            windowed,
+            (is_delivery & (F.col("attempt") <= F.col("prev.attempt")), self._candidate(
+                "TRC-DELIVERY-ATTEMPTS", blank, m1, m2, here, F.col("prev"), "attempt-not-increasing")),
+            (at_last & first_ack.isNull() & (last["lease"] + self.grace < F.col("end")), self._candidate(
+                "TRC-DELIVERY-ACKED", blank, m1, m2, here, None, "delivery-unacked", fact=F.col("end"))),
+            (at_last & first_ack.isNotNull() & (F.struct(last["pk"], last["line"])
+                                                > F.struct(first_ack["pk"], first_ack["line"])),
+             self._candidate("TRC-DELIVERY-ACKED", blank, m1, m2, here, first_ack, "delivery-after-ack")),
+            (is_ack & ~F.array_contains(F.col("traced"), F.col("named")), self._candidate(
+                "TRC-DELIVERY-ACKED", blank, m1, m2, here, None, "delivery-ack-unknown")))
+
+    def _ends(self, stats: dict[str, Any]):
+        """Each node's index and the ts_ms its trace ends at: a small table, broadcast where it is joined."""
+        return local_frame(self.spark, sorted(stats["node_end"].items()), "node string, end long").join(
+            self.node_ids, "node").select("ni", "end")
 
     def _inbox_names(self, ev):
         """TRC-INBOX-SEQ-NAMES-ROW: per (recipient, client_message_id, inbox_seq) whether an inserted row holds the
@@ -945,49 +1014,6 @@ class SparkChecker:
         blank, m1, m2 = F.lit(""), F.col("m1"), F.col("m2")
         return self._explode(subjects, (F.col("row").isNotNull() & F.col("bad").isNotNull(), self._candidate(
             "TRC-INBOX-SEQ-NAMES-ROW", blank, m1, m2, F.col("bad"), F.col("row"), "inbox-seq-misnamed")))
-
-    def _message_events(self, ev):
-        """TRC-MESSAGE-EVENT-NEW-ROW: per (node, chunk of ``line``) the message events, new rows and last
-        inbox_insert (a map-side aggregation) give each node's totals and what each chunk carries in from the chunks
-        before it (a window over the small summary); only on nodes with more message events than new rows, running
-        counts in line order (windows per (node, chunk)) find the message events that outnumber the rows before
-        them, each with the last inbox_insert before it."""
-        from pyspark.sql import Window
-        from pyspark.sql import functions as F
-
-        is_insert = F.col("kind") == "inbox_insert"
-        # an insert's line (distinct within its node, any non-negative long) orders it; -1 for a message event
-        order = F.when(is_insert, F.col("line"))
-        events = ev.filter(is_insert | ((F.col("kind") == "sse_event") & (F.col("event") == "message"))).select(
-            "ni", "seq", "line", (~is_insert).cast("int").alias("message"),
-            (is_insert & F.coalesce(F.col("inserted"), F.lit(False))).cast("int").alias("new"),
-            F.coalesce(order, F.lit(-1)).alias("order"), F.floor(F.col("line") / self.chunk).alias("chunk"))
-        summary = events.groupBy("ni", "chunk").agg(
-            F.sum("message").alias("messages"), F.sum("new").alias("news"), F.max("order").alias("last_order"),
-            F.max_by("seq", "order").alias("last_seq"))
-        node = Window.partitionBy("ni")
-        before = node.orderBy("chunk").rowsBetween(Window.unboundedPreceding, -1)
-        last = F.when(F.col("last_order") >= 0, F.struct(F.col("last_order").alias("line"),
-                                                         F.col("last_seq").alias("seq")))
-        carried = summary.select(
-            "ni", "chunk", (F.sum("messages").over(node) - F.sum("news").over(node)).alias("surplus"),
-            F.coalesce(F.sum("messages").over(before), F.lit(0)).alias("messages_before"),
-            F.coalesce(F.sum("news").over(before), F.lit(0)).alias("news_before"),
-            F.last(last, ignorenulls=True).over(before).alias("last_before")).filter(F.col("surplus") > 0)
-        w = Window.partitionBy("ni", "chunk").orderBy("line", "seq")
-        upto = w.rowsBetween(Window.unboundedPreceding, 0)
-        running = events.join(F.broadcast(carried), ["ni", "chunk"]).select(
-            "ni", "seq", "line", "message",
-            (F.col("messages_before") + F.sum("message").over(upto)).alias("messages"),
-            (F.col("news_before") + F.sum("new").over(upto)).alias("news"),
-            F.coalesce(F.last(F.when(F.col("message") == 0, F.struct("line", "seq")), ignorenulls=True)
-                       .over(w.rowsBetween(Window.unboundedPreceding, -1)), F.col("last_before")).alias("prev"))
-        zero = F.lit(0)
-        here = {"pk": self._pk(), "line": F.col("line")}
-        prev = {"pk": self._pk(seq=F.col("prev.seq")), "line": F.col("prev.line")}
-        return self._explode(running, ((F.col("message") == 1) & (F.col("messages") > F.col("news")), self._candidate(
-            "TRC-MESSAGE-EVENT-NEW-ROW", F.col("ni"), zero, zero, here, prev, "message-event-without-row",
-            by_line=True, fact=F.col("news"))))
 
     # --- evidence -----------------------------------------------------------------------------------------------
     def _evidence(self, ev, rows: list[dict[str, Any]]) -> list[Violation]:
