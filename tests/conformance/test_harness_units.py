@@ -274,7 +274,6 @@ def test_the_default_case_timeout_covers_the_slowest_cases_waits_on_the_declared
         assert budget_s(request) == min(want, run.remaining_s) - CASE_MARGIN_S
 
 
-
 class _Clock:
     """A fake clock whose sleep advances it and lets the fake members' acks arrive on schedule."""
 
@@ -328,6 +327,7 @@ def test_racers_acks_are_waited_for_together_while_the_broker_keeps_answering():
     assert first_acks([(r, "k") for r in silent], quiet_s=10.0, poll_s=0.5, clock=clock,
                       sleep=clock.sleep) == [None] * 3
     assert 10.0 <= clock.now < 10.6
+
 
 def test_the_run_deadline_skips_what_would_start_after_it(tmp_path):
     cases = tmp_path / "cases"
