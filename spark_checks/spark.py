@@ -791,12 +791,12 @@ class SparkChecker:
                    for name in LINE_ORDERED],
             F.sum("message").over(upto).alias("run_messages"), F.sum("new").over(upto).alias("run_news"),
             F.last(F.when(F.col("ins"), F.struct("line", "seq")), ignorenulls=True).over(before).alias("p_ins"))
-        # per (node, chunk): each family's first and last value, the message events, new rows and last insert
+        # per (node, chunk): each family's last value, the message events, the new rows and the last insert
         tails = []
         for name in LINE_ORDERED:
             order = F.when(F.col(f"is_{name}"), F.col("line"))
             tails += [F.max(order).alias(f"tail_line_{name}"), F.max_by("seq", order).alias(f"tail_seq_{name}"),
-                            F.max_by(f"v_{name}", order).alias(f"tail_v_{name}")]
+                      F.max_by(f"v_{name}", order).alias(f"tail_v_{name}")]
         last_insert = F.when(F.col("ins"), F.col("line"))
         summary = rows.groupBy("ni", "chunk").agg(
             *tails, F.sum("message").alias("messages"), F.sum("new").alias("news"),
@@ -941,7 +941,8 @@ class SparkChecker:
     def _deliveries(self, ev, stats: dict[str, Any]):
         """The invariants per (mesh, delivery_id), as one family: one window over its deliveries and acks in (node,
         seq, line) order, whose whole-partition aggregates give each subject's last delivery (with its lease), its
-        first ack and the deliveries it traced; the candidates are rows of that one window.
+        first ack, and by a second window on the same exchange whether each named delivery was traced; the
+        candidates are rows of those windows.
 
         * TRC-DELIVERY-ATTEMPTS: each delivery's attempt against the delivery before it;
         * TRC-DELIVERY-ACKED: at the subject's last delivery, no ack though its lease (plus the redelivery grace)
@@ -959,14 +960,17 @@ class SparkChecker:
             F.xxhash64("mesh", "delivery_id").alias("m1"), F.hash("mesh", "delivery_id").alias("m2"),
             self._pk().alias("pk"), "line", F.col("lease_until_ms").alias("lease"),
             F.col("attempt").cast("long").alias("attempt"), delivery.alias("delivery"), ack.alias("ack"),
-            F.struct(F.xxhash64(*named_by).alias("d1"), F.hash(*named_by).alias("d2")).alias("named"))
+            F.xxhash64(*named_by).alias("d1"), F.hash(*named_by).alias("d2"))
         w = Window.partitionBy("m1", "m2").orderBy("pk", "line")
         whole = w.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
         is_delivery, is_ack = F.col("delivery"), F.col("ack")
         windowed = rows.select(
             "*", F.max(F.when(is_delivery, F.struct("pk", "line", "lease"))).over(whole).alias("last"),
             F.min(F.when(is_ack, F.struct("pk", "line"))).over(whole).alias("first_ack"),
-            F.collect_set(F.when(is_delivery, F.col("named"))).over(whole).alias("traced"),
+            # whether a delivery with the event's recipient and broker message was traced: a window of the same
+            # exchange (its partitions hold whole subjects) by the named delivery, never a list of a subject's
+            # deliveries on each of its rows (a subject redelivered to many recipients would hold a square of them)
+            F.max(is_delivery).over(Window.partitionBy("m1", "m2", "d1", "d2")).alias("traced"),
             F.last(F.when(is_delivery, F.struct("pk", "line", "attempt")), ignorenulls=True)
             .over(w.rowsBetween(Window.unboundedPreceding, -1)).alias("prev"))
         ends = self._ends(stats).select(F.col("ni").alias("end_ni"), "end")
@@ -985,7 +989,7 @@ class SparkChecker:
             (at_last & first_ack.isNotNull() & (F.struct(last["pk"], last["line"])
                                                 > F.struct(first_ack["pk"], first_ack["line"])),
              self._candidate("TRC-DELIVERY-ACKED", blank, m1, m2, here, first_ack, "delivery-after-ack")),
-            (is_ack & ~F.array_contains(F.col("traced"), F.col("named")), self._candidate(
+            (is_ack & ~F.col("traced"), self._candidate(
                 "TRC-DELIVERY-ACKED", blank, m1, m2, here, None, "delivery-ack-unknown")))
 
     def _ends(self, stats: dict[str, Any]):
