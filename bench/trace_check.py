@@ -5,6 +5,13 @@ JVM start, session, check, report), peak memory (the whole process tree: the Spa
 
     .venv/bin/python bench/trace_check.py               # 1M and 10M
     .venv/bin/python bench/trace_check.py --full        # 1M, 10M and 100M (the 100M run takes a while)
+    .venv/bin/python bench/trace_check.py --sizes 1M --engines spark --breakdown   # where Spark's wall time goes
+
+``--breakdown`` adds, for each Spark check, a process of its own that times a check's steps one by one, twice in the
+same process (cold: as ``meshtrace check`` runs them; warm: the JVM's code compiled, what no JIT can take off):
+Python and session start-up, a first trivial job, the validating read with the statistics (the pass the catalogue is
+planned from, which ``check`` cannot skip: every event is judged against the schema), one aggregation of the events
+by a key of their own (the least a shuffled invariant costs), and each family of the catalogue on its own.
 
 Targets (issues #6 and #12, on the 2-core reference machine), each printed as met or missed with its figure:
 
@@ -123,6 +130,43 @@ def child_generate(path: Path, events: int, daemons: int, seed: int) -> None:
     print(json.dumps({"engine": "generator", "events": manifest["events"], "seconds": manifest["seconds"]}))
 
 
+def child_breakdown(path: Path, driver_memory: str) -> None:
+    """Print (JSON) the seconds of a Spark check's steps, each run and timed on its own, cold then warm."""
+    started = time.monotonic()
+    from pyspark.sql import functions as F
+
+    from spark_checks.inputs import estimated_events
+    from spark_checks.session import build_session
+    from spark_checks.spark import SparkChecker
+
+    spark = build_session("local[*]", driver_memory=driver_memory, expected_events=estimated_events([str(path)]))
+    result: dict[str, Any] = {"engine": "spark-steps", "seconds": 0.0,
+                              "start-up": round(time.monotonic() - started, 3)}
+    begun = time.monotonic()
+    spark.range(1).count()
+    result["first job"] = round(time.monotonic() - begun, 3)
+    for name in ("cold", "warm"):
+        steps: dict[str, float] = {}
+        begun = time.monotonic()
+        checker = SparkChecker(spark)
+        ev = checker.read([str(path)])
+        stats = checker._stats(ev)
+        steps["validating read and statistics"] = time.monotonic() - begun
+        begun = time.monotonic()
+        ev.groupBy("client_message_id").agg(F.max("seq").alias("s")).filter(F.col("s") < 0).collect()
+        steps["one aggregation"] = time.monotonic() - begun
+        begun = time.monotonic()
+        families = checker.families(checker.indexed(ev, stats), stats)
+        steps["planning the families"] = time.monotonic() - begun
+        for family, candidates in families.items():
+            begun = time.monotonic()
+            candidates.groupBy("invariant").count().collect()
+            steps[family] = time.monotonic() - begun
+        result[name] = {step: round(seconds, 3) for step, seconds in steps.items()}
+        result["events"] = stats["events"]
+    print(json.dumps(result))
+
+
 def check_argv(engine: str, trace: Path, report: Path, driver_memory: str) -> list[str]:
     """The ``meshtrace check`` command a user runs, as its own process."""
     argv = [sys.executable, "-m", "spark_checks.cli", "check", str(trace), "--engine", engine, "--report", str(report)]
@@ -142,11 +186,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=None, help="keep traces here (default: a temp directory)")
     parser.add_argument("--reuse", action="store_true", help="reuse a trace already in --workdir")
     parser.add_argument("--driver-memory", default="8g", help="heap of the local Spark driver")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="also time each step of a Spark check on its own, cold and warm (a process of its own)")
     parser.add_argument("--json", type=Path, help="also write the results and targets here")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.child:
-        child_generate(Path(args.child[1]), int(args.child[2]), args.daemons, args.seed)
+        if args.child[0] == "breakdown":
+            child_breakdown(Path(args.child[1]), args.child[2])
+        else:
+            child_generate(Path(args.child[1]), int(args.child[2]), args.daemons, args.seed)
         return 0
     sizes = [_count(s) for s in (args.sizes or ("1M,10M,100M" if args.full else "1M,10M")).split(",")]
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
@@ -159,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     me = [sys.executable, str(Path(__file__).resolve()), "--daemons", str(args.daemons), "--seed", str(args.seed),
           "--child"]
     results: list[dict[str, Any]] = []
+    breakdowns: list[dict[str, Any]] = []
     try:
         for size in sizes:
             trace = workdir / f"trace-{_label(size)}"
@@ -178,12 +228,17 @@ def main(argv: list[str] | None = None) -> int:
                 results.append({"size": size, **measured(check_argv(engine, trace, report, args.driver_memory),
                                                          report)})
                 _row(results[-1])
+                if engine == "spark" and args.breakdown:
+                    print(f"timing the steps of a Spark check of {_label(size)} events one by one …", flush=True)
+                    breakdowns.append({"size": size, **measured([*me, "breakdown", str(trace), args.driver_memory])})
+                    _steps(breakdowns[-1])
     finally:
         if scratch is not None:
             scratch.cleanup()
     targets = _summary(results)
     if args.json:
-        args.json.write_text(json.dumps({"results": results, "targets": targets}, indent=2) + "\n")
+        args.json.write_text(json.dumps({"results": results, "targets": targets, "breakdowns": breakdowns},
+                                        indent=2) + "\n")
     return 0
 
 
@@ -196,6 +251,18 @@ def _row(result: dict[str, Any]) -> None:
     print(f"  {result['engine']:<9} {result['events']:>13,} events  {result['seconds']:8.1f} s  "
           f"{_rate(result):>12,.0f} ev/s  wall {result['wall']:7.1f} s  peak {result['peak_rss'] / 1024**3:5.2f} GB  "
           f"load {result['load'][0]:.1f}→{result['load'][1]:.1f}{timings}", flush=True)
+
+
+def _steps(breakdown: dict[str, Any]) -> None:
+    """Print ``--breakdown``'s steps, cold and warm side by side."""
+    print(f"  start-up (Python, JVM, session) {breakdown['start-up']:6.1f} s   "
+          f"first job {breakdown['first job']:5.1f} s")
+    print(f"  {'step':<34} {'cold s':>7} {'warm s':>7}")
+    for step, cold in breakdown["cold"].items():
+        print(f"  {step:<34} {cold:7.2f} {breakdown['warm'][step]:7.2f}")
+    cold, warm = sum(breakdown["cold"].values()), sum(breakdown["warm"].values())
+    print(f"  {'sum':<34} {cold:7.2f} {warm:7.2f}   (whole process {breakdown['wall']:.1f} s wall, "
+          f"load {breakdown['load'][0]:.1f}→{breakdown['load'][1]:.1f})", flush=True)
 
 
 def targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -182,9 +182,7 @@ class SparkChecker:
         stats = self._stats(ev)
         self._mark("stats", started)
         names = stats["nodes"]
-        check_node_count(len(names))  # a node index fits the event reference's 63 - SEQ_BITS bits
-        self.node_ids = local_frame(self.spark, list(enumerate(names)), "ni int, node string")
-        ev = ev.join(F.broadcast(self.node_ids), "node")
+        ev = self.indexed(ev, stats)
         candidates = self._candidates(ev, stats)
         first = F.min(F.struct("o", "r", "e_pk", "e_line", "r_pk", "r_line", "mode", "detail")).alias("first")
         grouped = candidates.groupBy("invariant", "gs", "g1", "g2").agg(first).select("invariant", "first.*")
@@ -290,10 +288,23 @@ class SparkChecker:
                 "nodes": sorted(node_end), "heavy": sorted(heavy) if events > self.chunk else [],
                 "seq_suspects": sorted(node for node, (low, high) in spread.items() if low != high)}
 
+    def indexed(self, ev, stats: dict[str, Any]):
+        """The events with their node's index ``ni`` (kept as ``self.node_ids``): what the families read."""
+        from pyspark.sql import functions as F
+
+        check_node_count(len(stats["nodes"]))  # a node index fits the event reference's 63 - SEQ_BITS bits
+        self.node_ids = local_frame(self.spark, list(enumerate(stats["nodes"])), "ni int, node string")
+        return ev.join(F.broadcast(self.node_ids), "node")
+
     # --- candidates ---------------------------------------------------------------------------------------------
+    def families(self, ev, stats: dict[str, Any]) -> dict[str, Any]:
+        """The catalogue's candidates, per family: a family's invariants share its reads, shuffles and windows."""
+        return {"rows": self._rows(ev, stats["heavy"]), "messages": self._messages(ev, stats),
+                "requeues": self._requeues(ev), "by_line": self._by_line(ev, stats),
+                "deliveries": self._deliveries(ev, stats), "gaps": self._gaps(ev, stats)}
+
     def _candidates(self, ev, stats: dict[str, Any]):
-        parts = [self._rows(ev, stats["heavy"]), self._messages(ev, stats), self._requeues(ev),
-                 self._by_line(ev, stats), self._deliveries(ev, stats), self._gaps(ev, stats)]
+        parts = list(self.families(ev, stats).values())
         result = parts[0]
         for part in parts[1:]:
             result = result.unionByName(part)
