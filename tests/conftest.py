@@ -109,15 +109,35 @@ def reference_conformance_run(tmp_path_factory: pytest.TempPathFactory):
     launched through a template, as a user's implementation would be: the reference declares itself in the launch
     contract's target description, so the run times and ages it exactly as `--target reference` does
     (test_harness::test_the_reference_launched_by_a_template_declares_what_it_reads), and it traces into the
-    `{trace_dir}` the harness hands each instance, which `--report-dir` keeps in `report/trace/<instance>/`."""
+    `{trace_dir}` the harness hands each instance, which `--report-dir` keeps in `report/trace/<instance>/`.
+
+    One run per pytest session, whichever xdist workers ask for it: the first to ask runs it in the session's common
+    temporary directory, under an exclusive lock, and records its result there; the others wait on the lock and read
+    that result (the two files using it are often on different workers, and the run takes minutes)."""
+    import fcntl
+    import json
+    import os
     import subprocess
     import sys
     from pathlib import Path
 
     from conformance.launch import REFERENCE_TRACED_TEMPLATE
 
-    root = tmp_path_factory.mktemp("reference-conformance-run")
-    result = subprocess.run([sys.executable, "-m", "conformance.cli", "run", "--launch", REFERENCE_TRACED_TEMPLATE,
-                             "--report-dir", str(root / "report"), "--seed", "7", "--quiet"], capture_output=True,
-                            text=True, timeout=REFERENCE_RUN_S, check=False, cwd=Path(__file__).resolve().parents[1])
+    common = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # each worker's base is a directory of the session's common one
+        common = common.parent
+    root = common / "reference-conformance-run"
+    argv = [sys.executable, "-m", "conformance.cli", "run", "--launch", REFERENCE_TRACED_TEMPLATE, "--report-dir",
+            str(root / "report"), "--seed", "7", "--quiet"]
+    with open(common / "reference-conformance-run.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        recorded = root / "result.json"
+        if not recorded.exists():
+            root.mkdir(exist_ok=True)
+            run = subprocess.run(argv, capture_output=True, text=True, timeout=REFERENCE_RUN_S, check=False,
+                                 cwd=Path(__file__).resolve().parents[1])
+            recorded.write_text(json.dumps({"returncode": run.returncode, "stdout": run.stdout,
+                                            "stderr": run.stderr}))
+        done = json.loads(recorded.read_text())
+    result = subprocess.CompletedProcess(argv, done["returncode"], done["stdout"], done["stderr"])
     return result, root / "report", root / "report" / "trace"
